@@ -1,0 +1,66 @@
+"""Callbacks: Train reports to the trial driver, finished trials to the terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ray.train.v2.api.callback import UserCallback
+from ray.tune import Callback
+
+from train_fns import metrics as m
+
+
+class WindowCollector(UserCallback):
+    """Forward every worker's window report to the trial driver's queue.
+
+    In Ray Train V2 ``Result.metrics`` only keeps metrics reported with a
+    checkpoint, and the built-in Tune callback keeps rank 0 only; the driver needs
+    all ranks (a synchronous step is as slow as the slowest one), so it takes them
+    here, on the Train controller, and ships the list through a Ray queue.
+    """
+
+    def __init__(self, reports: Any) -> None:
+        self._reports = reports
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        self._reports.put(list(metrics))
+
+
+def trial_line(number: int, result: dict[str, Any], params: dict[str, Any]) -> str:
+    """One readable line per finished trial."""
+    state = result.get(m.STATE, m.ERROR)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(params.items()) if not k.startswith("_"))
+    if state == m.COMPLETE:
+        figure = (
+            f"{result[m.SAMPLES_PER_S]:8.2f} samples/s (cv {result[m.THROUGHPUT_CV]:.1%}, "
+            f"step {result[m.STEP_TIME_S] * 1000:.0f} ms, peak {result[m.PEAK_MEM_BYTES] / 2**20:.0f} MiB)"
+        )
+    else:
+        figure = f"{state.upper():>8}: {result.get(m.REASON, '')}"
+    wall = result.get("trial_wall_s")
+    took = f" [{wall:.0f}s]" if wall is not None else ""
+    return f"trial {number:3d} {figure}{took}  {{{shown}}}"
+
+
+class ProgressPrinter(Callback):
+    """Print a line as each trial finishes (Tune's own table is turned off)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from orchestrator.trial import TRIAL_NUMBER
+
+        params = {k: v for k, v in trial.config.items() if k != TRIAL_NUMBER}
+        number = int(trial.config.get(TRIAL_NUMBER, -1))
+        print(trial_line(number, trial.last_result or {}, params), file=sys.stdout, flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from orchestrator.trial import TRIAL_NUMBER
+
+        number = int(trial.config.get(TRIAL_NUMBER, -1))
+        print(
+            f"trial {number:3d}    ERROR: the trial's driver process died; see {trial.local_path}",
+            flush=True,
+        )

@@ -1,0 +1,320 @@
+"""Configuration: presets, YAML files and ``--set`` overrides, validated once.
+
+Everything the user can get wrong is caught here, before Ray starts, and
+reported as a ``ConfigError`` that names the key and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets"
+SAMPLERS = ("tpe", "random", "grid")
+STRATEGY_MODES = ("ddp", "fsdp", "search")
+USE_GPU_VALUES = ("auto", True, False)
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration; ``key`` is the dotted path at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass
+class WorkloadConfig:
+    """What is trained: the model, its data and the fixed global batch."""
+
+    model: str = "bert-tiny"
+    """Preset (bert-large, bert-base, bert-mini, bert-tiny, gpt2), HF model type or local dir."""
+    task: str | None = None
+    """``mlm`` or ``clm``; inferred from the model when omitted."""
+    seq_len: int = 128
+    global_batch: int = 32
+    """Samples per optimizer step across all workers; the search never changes it."""
+    data: str = "synthetic"
+    tokenizer: str | None = None
+    precision: str = "fp32"
+    lr: float = 1e-4
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from train_fns.models import is_known_model
+
+        if not is_known_model(self.model):
+            raise ConfigError(
+                "workload.model",
+                f"unknown model {self.model!r}; use a preset (bert-large, bert-base, bert-mini, "
+                "bert-tiny, gpt2), an HF model type such as 'roberta', or a local directory "
+                "with config.json",
+            )
+        _check_choice("workload.task", self.task, ("mlm", "clm", None))
+        _check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
+        _check_positive("workload.seq_len", self.seq_len)
+        _check_positive("workload.global_batch", self.global_batch)
+        _check_positive("workload.lr", self.lr)
+        if self.data != "synthetic" and not Path(self.data).is_file():
+            raise ConfigError(
+                "workload.data",
+                f"{self.data!r} is not a file; use 'synthetic' or a local .txt/.jsonl file",
+            )
+
+
+@dataclass
+class ClusterConfig:
+    """Where trials run."""
+
+    num_workers: int = 2
+    use_gpu: Any = "auto"
+    """``auto`` uses GPUs when the cluster has them; true/false force it."""
+    cpus_per_worker: float = 1.0
+    address: str | None = None
+    """None starts a local Ray; ``auto`` or ``HOST:PORT`` joins a running cluster."""
+    autoscaling: bool = False
+    """True when the cluster grows on demand: too few resources now is then not an error."""
+
+    def __post_init__(self) -> None:
+        _check_positive("cluster.num_workers", self.num_workers)
+        _check_positive("cluster.cpus_per_worker", self.cpus_per_worker)
+        _check_choice("cluster.use_gpu", self.use_gpu, USE_GPU_VALUES)
+
+
+@dataclass
+class SearchConfig:
+    """How the search runs and measures."""
+
+    trials: int = 8
+    """Total trials, baseline (trial 0) included."""
+    sampler: str = "tpe"
+    seed: int = 0
+    spaces: list[str] = field(
+        default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl"]
+    )
+    warmup_steps: int = 3
+    measure_steps: int = 12
+    windows: int = 3
+    trial_timeout_s: float = 900.0
+    step_deadline_s: float = 300.0
+    """A trial whose workers finish no step for this long is a hang."""
+    storage: str | None = None
+    """Optuna storage URL; default: SQLite ``study.db`` in the output folder."""
+
+    def __post_init__(self) -> None:
+        _check_positive("search.trials", self.trials)
+        _check_choice("search.sampler", self.sampler, SAMPLERS)
+        _check_positive("search.measure_steps", self.measure_steps)
+        _check_positive("search.windows", self.windows)
+        _check_positive("search.trial_timeout_s", self.trial_timeout_s)
+        _check_positive("search.step_deadline_s", self.step_deadline_s)
+        if self.warmup_steps < 1:
+            raise ConfigError(
+                "search.warmup_steps",
+                f"got {self.warmup_steps}; at least 1 warm-up step is needed so that start-up "
+                "costs are never measured",
+            )
+        if self.windows > self.measure_steps:
+            raise ConfigError(
+                "search.windows",
+                f"{self.windows} windows need at least as many measure_steps "
+                f"(got {self.measure_steps}); raise search.measure_steps",
+            )
+
+
+@dataclass
+class Config:
+    """The whole configuration; ``best.yaml`` is one of these, written back out."""
+
+    name: str = "commtune"
+    """Study name; outputs go to runs/<name> unless --out is given."""
+    strategy: str = "ddp"
+    """``ddp``, ``fsdp`` or ``search`` (sample the strategy too)."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    env: dict[str, str] = field(default_factory=dict)
+    """Fixed environment variables for every trial's workers (allow-listed names only)."""
+    tuned: dict[str, Any] = field(default_factory=dict)
+    """Parameters chosen by a search (written into best.yaml); empty means defaults."""
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGY_MODES)
+        from search_spaces import SpaceError, check_env
+
+        try:
+            check_env(self.env)
+        except SpaceError as e:
+            raise ConfigError(f"env.{e.key}" if e.key else "env", str(e)) from e
+        per_worker, rest = divmod(self.workload.global_batch, self.cluster.num_workers)
+        if rest:
+            raise ConfigError(
+                "workload.global_batch",
+                f"{self.workload.global_batch} cannot be split over "
+                f"cluster.num_workers={self.cluster.num_workers} workers; use a multiple of "
+                f"{self.cluster.num_workers} (e.g. {self.cluster.num_workers * max(1, per_worker)})",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(key, f"got {value!r}; it must be a positive number")
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        shown = ", ".join("null" if c is None else str(c).lower() for c in choices)
+        raise ConfigError(key, f"got {value!r}; use one of: {shown}")
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build a Config from nested plain data, rejecting unknown keys and wrong types."""
+    return _build(Config, data, "")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "<top>", f"expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ConfigError(path, f"unknown key{hint} (known: {', '.join(fields)})")
+        hint_type = hints[key]
+        if dataclasses.is_dataclass(hint_type):
+            kwargs[key] = _build(hint_type, value, f"{path}.")
+        else:
+            kwargs[key] = _coerce(path, value, hint_type)
+    return cls(**kwargs)
+
+
+def _coerce(path: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against a simple type hint; ints are accepted where floats are."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(path, value, inner[0])
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected a list, got {value!r}")
+        return [_coerce(f"{path}[{i}]", v, typing.get_args(hint)[0]) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {value!r}")
+        if typing.get_args(hint)[1] is str:
+            return {str(k): str(v) for k, v in value.items()}
+        return dict(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):
+        raise ConfigError(path, f"expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def default_preset() -> str:
+    """``bert-large`` where this machine has a GPU, else the CPU demo that finishes in minutes."""
+    import shutil
+
+    return "bert-large" if shutil.which("nvidia-smi") else "cpu-demo"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def read_yaml(path: Path, key: str) -> dict[str, Any]:
+    """Read a YAML mapping; a syntax error is a ConfigError naming the file and line."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}; check the path") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(key, f"malformed YAML in {path}{where}: {problem}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(key, f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """Parse one ``--set a.b=value``; the value is read as YAML (``8`` is an int, ``true`` a bool)."""
+    if "=" not in item:
+        raise ConfigError("--set", f"{item!r} is not KEY=VALUE; e.g. --set search.trials=8")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError("--set", f"{item!r} has an empty key; e.g. --set search.trials=8")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``extra`` over ``base``; mappings merge, everything else replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    path: str | None = None, preset: str | None = None, sets: list[str] | tuple = ()
+) -> Config:
+    """Preset, then file, then ``--set`` overrides; validated into a Config once."""
+    data: dict[str, Any] = {}
+    if preset is None and path is None:
+        preset = default_preset()
+    if preset is not None:
+        if preset not in preset_names():
+            close = difflib.get_close_matches(preset, preset_names(), n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise ConfigError(
+                "--preset", f"unknown preset {preset!r}; {hint}known: {', '.join(preset_names())}"
+            )
+        data = read_yaml(PRESET_DIR / f"{preset}.yaml", "--preset")
+    if path is not None:
+        data = merge(data, read_yaml(Path(path), "--config"))
+    for item in sets:
+        parts, value = parse_set(item)
+        nested: Any = value
+        for part in reversed(parts):
+            nested = {part: nested}
+        data = merge(data, nested)
+    return from_dict(data)
+
+
+def dump_config(config: Config) -> str:
+    """YAML text of a complete config (what best.yaml holds)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

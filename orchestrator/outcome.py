@@ -1,0 +1,98 @@
+"""Pure functions that turn what a trial's workers did into a trial outcome.
+
+No Ray here: the driver hands over the per-worker window reports and, on failure,
+the exception; these functions return values (a summary, a classification) that
+are tested on their own.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from train_fns import metrics as m
+from train_fns.metrics import HANG_EXIT_CODE
+from train_fns.plan import TrialPlan
+
+GIB = 1024**3
+
+
+def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str, Any]:
+    """Aggregate per-window, per-worker reports into the trial's metrics.
+
+    A synchronous step is as slow as its slowest rank, so each window's step time
+    is the maximum over ranks; throughput is the median over windows and the spread
+    is their coefficient of variation.
+    """
+    if not windows:
+        raise ValueError("no measurement window was reported")
+    step_times = [max(w[m.STEP_TIME_S] for w in ranks) for ranks in windows]
+    throughputs = [plan.global_batch / t for t in step_times]
+    median_tp = statistics.median(throughputs)
+    cv = statistics.pstdev(throughputs) / statistics.fmean(throughputs) if len(windows) > 1 else 0.0
+    parts = {
+        key: statistics.median(max(w[key] for w in ranks) for ranks in windows)
+        for key in (m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S, m.OPTIM_S)
+    }
+    last = windows[-1]
+    return {
+        m.SAMPLES_PER_S: median_tp,
+        m.TOKENS_PER_S: median_tp * plan.seq_len,
+        m.THROUGHPUT_CV: cv,
+        **parts,
+        m.LOSS: statistics.fmean(w[m.LOSS] for w in last),
+        m.PEAK_MEM_BYTES: max(w[m.PEAK_MEM_BYTES] for ranks in windows for w in ranks),
+        m.ENV_SEEN: {str(w[m.RANK]): w[m.ENV_SEEN] for w in last},
+        m.SETUP_S: max((w.get(m.SETUP_S) or {} for w in windows[0]), key=lambda s: sum(s.values())),
+        m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
+        "num_windows": len(windows),
+        "window_samples_per_s": throughputs,
+    }
+
+
+def _failure_texts(exc: BaseException) -> list[str]:
+    """Messages of the exception, its chain and, for worker-group errors, each worker's."""
+    texts, seen, todo = [], set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        texts.append(f"{type(e).__name__}: {e}")
+        todo.extend([e.__cause__, e.__context__])
+        todo.extend(getattr(e, "worker_failures", {}).values())
+        todo.append(getattr(e, "controller_failure", None))
+    return texts
+
+
+def classify_failure(
+    exc: BaseException, plan: TrialPlan, peak_mem_bytes: int | None = None
+) -> tuple[str, str]:
+    """Map a failed ``fit()`` to (state, reason), the reason fit for a log line.
+
+    Order matters: an OOM on one rank makes the others fail in a collective, so the
+    root cause is looked for first.
+    """
+    text = "\n".join(_failure_texts(exc))
+    low = text.lower()
+    peak = f"{peak_mem_bytes / GIB:.2f} GiB" if peak_mem_bytes else "unknown"
+    if "outofmemoryerror" in low or "out of memory" in low:
+        return m.OOM, (
+            f"out of memory at micro_batch={plan.micro_batch} "
+            f"(accumulation {plan.accumulation_steps}, {plan.strategy}); peak seen {peak}"
+        )
+    if "commtune watchdog" in low or f"exit code {HANG_EXIT_CODE}" in low or "timed out" in low:
+        return m.HANG, (
+            f"no step finished within step_deadline_s={plan.step_deadline_s:g}s; "
+            "the worker group was ended"
+        )
+    crash_marks = ("actordiederror", "died", "sigkill", "signal", "exit code", "unexpectedly")
+    if any(mark in low for mark in crash_marks):
+        first = next((t for t in _failure_texts(exc) if "died" in t.lower()), text)
+        return m.CRASH, f"a worker process died: {_one_line(first)}"
+    return m.ERROR, _one_line(text)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,134 @@
+"""Outputs of a search, rebuilt from the Optuna study alone.
+
+The study is the source of truth (it survives a killed driver), so every file
+here can be rewritten from it at any time: ``best.yaml``, ``best.env`` and
+``trials.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from orchestrator.config import Config, dump_config
+from search_spaces import SearchSpace
+from train_fns import metrics as m
+
+BASELINE_NUMBER = 0
+"""Trial 0 is always the untouched default, so every result reads as best vs baseline."""
+MEASURED = (
+    "global samples/s = global_batch / median step time; the step time of a window is the "
+    "slowest rank's median, and the trial's figure is the median over its windows "
+    "(warm-up excluded); cv = stdev/mean over windows"
+)
+_CSV_METRICS = (
+    m.SAMPLES_PER_S, m.TOKENS_PER_S, m.THROUGHPUT_CV, m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S,
+    m.OPTIM_S, m.LOSS,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial as the outputs see it."""
+
+    number: int
+    state: str
+    reason: str
+    params: dict[str, Any]
+    attrs: dict[str, Any]
+
+    @property
+    def value(self) -> float | None:
+        return self.attrs.get(m.SAMPLES_PER_S) if self.state == m.COMPLETE else None
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Finished trials in order; a trial still RUNNING in storage was interrupted."""
+    out = []
+    for t in study.trials:
+        attrs = dict(t.user_attrs)
+        state = attrs.get(m.STATE)
+        if state is None:
+            state = m.CRASH if t.state.is_finished() else "interrupted"
+        out.append(TrialRecord(t.number, state, attrs.get(m.REASON, ""), attrs.get("params") or {},
+                               attrs))
+    return out
+
+
+def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
+    done = [r for r in recs if r.value is not None]
+    return max(done, key=lambda r: r.value) if done else None
+
+
+def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
+    names = sorted({k for r in recs for k in r.params if not k.startswith("trial_")})
+    header = ["number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s", "reason"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for r in recs:
+            peak = r.attrs.get(m.PEAK_MEM_BYTES)
+            writer.writerow([
+                r.number, r.state, *(r.params.get(n, "") for n in names),
+                *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
+                "" if peak is None else f"{peak / 2**20:.1f}",
+                _fmt(r.attrs.get("trial_wall_s")), r.reason,
+            ])
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def best_config(config: Config, space: SearchSpace, best: TrialRecord) -> Config:
+    """A complete config that runs the best trial's configuration as is."""
+    knobs = space.knobs(best.params)
+    strategy = knobs.pop("strategy", config.strategy)
+    return dataclasses.replace(
+        config,
+        strategy=strategy,
+        env={**config.env, **space.env_vars(best.params)},
+        tuned={**config.tuned, **knobs},
+    )
+
+
+def write_outputs(study: optuna.Study, config: Config, space: SearchSpace, out: Path) -> str:
+    """Write trials.csv, best.yaml and best.env; return the closing summary line."""
+    recs = records(study)
+    write_trials_csv(recs, out / "trials.csv")
+    best = best_record(recs)
+    if best is None:
+        return "no trial completed: see trials.csv for each trial's reason"
+    chosen = best_config(config, space, best)
+    header = (
+        f"# commtune best configuration: trial {best.number}, "
+        f"{best.value:.2f} samples/s\n# measured: {MEASURED}\n"
+    )
+    (out / "best.yaml").write_text(header + dump_config(chosen))
+    env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
+    (out / "best.env").write_text(
+        "# environment of the best trial (source it before torchrun or another launcher)\n"
+        + "".join(line + "\n" for line in env_lines)
+    )
+    return summary_line(recs, best)
+
+
+def summary_line(recs: list[TrialRecord], best: TrialRecord) -> str:
+    base = next((r for r in recs if r.number == BASELINE_NUMBER), None)
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if base is None or base.value is None:
+        return f"best: trial {best.number} at {best.value:.2f} samples/s (baseline did not complete; {tally})"
+    return (
+        f"best: trial {best.number} at {best.value:.2f} samples/s = {best.value / base.value:.2f}x "
+        f"baseline (trial {base.number}, {base.value:.2f} samples/s); {tally}"
+    )

@@ -1,0 +1,111 @@
+"""``python -m orchestrator.search``: tune a real DDP/FSDP run and write the best config.
+
+Exit codes: 0 success, 2 usage or configuration error (one line naming the key,
+before any Ray process starts), 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.config import Config, ConfigError, load_config
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from train_fns.plan import FAULT_KINDS
+
+STUDY_DB = "study.db"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.search", description=__doc__)
+    p.add_argument("--config", help="YAML config file (merged over the preset)")
+    p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key, e.g. --set search.trials=8 (repeatable)")
+    p.add_argument("--trials", type=int, help="total trials, baseline included")
+    p.add_argument("--out", help="output folder (default: runs/<name>)")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
+    p.add_argument("--resume", action="store_true", help="continue the study in --out")
+    p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
+    p.add_argument("--inject-faults", default="", metavar="N:KIND,...",
+                   help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang")
+    p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    return p.parse_args(argv)
+
+
+def parse_faults(text: str) -> dict[int, str]:
+    faults: dict[int, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        number, _, kind = item.partition(":")
+        if not number.isdigit() or kind not in FAULT_KINDS:
+            raise ConfigError(
+                "--inject-faults",
+                f"{item!r} is not TRIAL:KIND with KIND one of {', '.join(FAULT_KINDS)}; "
+                "e.g. --inject-faults 2:crash,3:hang",
+            )
+        faults[int(number)] = kind
+    return faults
+
+
+def provisional_context(config: Config) -> SearchContext:
+    return SearchContext(
+        backend="gloo", strategy_mode=config.strategy, use_gpu=False,
+        world_size=config.cluster.num_workers, num_nodes=1,
+        global_batch=config.workload.global_batch,
+    )
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
+    """Everything that can fail on user input, checked before Ray starts."""
+    sets = list(args.set)
+    for key, value in (("search.trials", args.trials), ("search.storage", args.storage),
+                       ("cluster.address", args.address)):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    config = load_config(args.config, args.preset, sets)
+    try:
+        # Built once against a CPU context so that mistakes in the spaces (a missing
+        # strategy space, a condition on an unknown name) stop here, before Ray.
+        SearchSpace(load_spaces(config.search.spaces), provisional_context(config))
+    except SpaceError as e:
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+    faults = parse_faults(args.inject_faults)
+    out = Path(args.out or Path("runs") / config.name)
+    if (out / STUDY_DB).exists() and not args.resume and config.search.storage is None:
+        raise ConfigError(
+            "--out",
+            f"{out} already holds a study; pass --resume to continue it or choose another --out",
+        )
+    return config, out, faults
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config, out, faults = prepare(args)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    started = time.monotonic()
+    try:
+        from orchestrator.driver import run_search
+
+        line = run_search(config, out, faults, resume=args.resume, verbose=args.verbose)
+    except ConfigError as e:  # found only once the cluster is known (e.g. too few resources)
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("commtune: interrupted; resume with --resume", file=sys.stderr)
+        return 1
+    print(line)
+    print(f"outputs in {out} ({time.monotonic() - started:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

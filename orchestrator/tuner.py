@@ -1,0 +1,136 @@
+"""The search loop: Ray Tune runs trials, Optuna chooses them and keeps the study.
+
+One trial at a time by default: a trial owns the cluster, because throughput
+measured beside another trial is not throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from ray import tune
+from ray.tune.search.optuna import OptunaSearch
+from ray.tune.utils.util import unflatten_dict
+
+from orchestrator.callbacks import ProgressPrinter
+from orchestrator.trial import TRIAL_NUMBER, TrialContext, run_trial
+from search_spaces import SearchSpace
+from train_fns import metrics as m
+
+OBJECTIVE = m.SAMPLES_PER_S
+TRIAL_CPU = 0.01
+"""The trial driver only waits on its workers; a whole CPU for it would starve them."""
+_OPTUNA_STATES = {m.COMPLETE: optuna.trial.TrialState.COMPLETE, m.PRUNED: optuna.trial.TrialState.PRUNED}
+
+
+def json_safe(value: Any) -> Any:
+    """Optuna user attributes must be JSON; NaN/inf and odd types become readable values."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return json.loads(json.dumps(value, default=str))
+
+
+class StudySearch(OptunaSearch):
+    """OptunaSearch that tells Optuna each trial's real state and records why.
+
+    Stock OptunaSearch marks any trial with a metric COMPLETE and any without one
+    PRUNED; commtune trials end with a classified state (oom, hang, crash,
+    infeasible...), which must reach Optuna as FAIL, never as a throughput of 0
+    that would mislead the sampler. The outcome is kept as user attributes so the
+    study alone can rebuild every output.
+    """
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if result.get(m.STATE) is None and self.metric in result:
+            super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        ot_trial = self._ot_trials[trial_id]
+        # Tune hands over the result flattened ("env/NCCL_ALGO"); an empty dict vanishes.
+        result = unflatten_dict(dict(result or {}))
+        if error or m.STATE not in result:
+            result.setdefault(m.STATE, m.CRASH)
+            result.setdefault(m.REASON, "the trial's driver process died (node lost or killed)")
+        state = result[m.STATE]
+        for key, value in result.items():
+            if key in _RECORDED:
+                ot_trial.set_user_attr(key, json_safe(value))
+        ot_state = _OPTUNA_STATES.get(state, optuna.trial.TrialState.FAIL)
+        value = result.get(self.metric) if ot_state == optuna.trial.TrialState.COMPLETE else None
+        self._ot_study.tell(ot_trial, value, state=ot_state)
+        self._completed_trials.add(trial_id)
+
+
+_RECORDED = {
+    m.STATE, m.REASON, m.SAMPLES_PER_S, m.TOKENS_PER_S, m.THROUGHPUT_CV, m.STEP_TIME_S,
+    m.DATA_S, m.FWD_BWD_S, m.OPTIM_S, m.LOSS, m.PEAK_MEM_BYTES, m.ENV_SEEN, m.SETUP_S,
+    m.NUM_NONFINITE, "num_windows", "window_samples_per_s", "timings", "trial_wall_s", "env",
+    "plan", "traceback", "params",
+}
+
+
+def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, trials // 4))
+    # grid runs enqueued points (conditional spaces do not fit GridSampler); random fills in
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+class DefineByRun:
+    """The define-by-run function OptunaSearch calls for each new trial.
+
+    A class, not a closure: Tune checkpoints the searcher with plain pickle.
+    """
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        return {**self.space.suggest(trial), TRIAL_NUMBER: trial.number}
+
+
+def build_tuner(
+    ctx: TrialContext,
+    study_name: str,
+    storage: optuna.storages.BaseStorage,
+    num_samples: int,
+    points: list[dict[str, Any]],
+    out_dir: Path,
+) -> tune.Tuner:
+    """A Tuner over ``num_samples`` new trials; ``points`` are enqueued first (baseline, grid)."""
+    cfg = ctx.config.search
+    searcher = StudySearch(
+        space=DefineByRun(ctx.space),
+        metric=OBJECTIVE,
+        mode="max",
+        points_to_evaluate=points or None,
+        sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),
+        seed=cfg.seed,
+        study_name=study_name,
+        storage=storage,
+    )
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": TRIAL_CPU})
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=num_samples,
+            max_concurrent_trials=1,
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(out_dir.resolve()),
+            verbose=0,
+            callbacks=[ProgressPrinter(num_samples)],
+        ),
+    )

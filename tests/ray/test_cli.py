@@ -1,0 +1,35 @@
+"""The smoke preset end to end through the CLI, as a user runs it."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "trial   0" in proc.stdout and "best: trial" in proc.stdout, proc.stdout
+    assert "nccl dropped" in proc.stdout, "gloo runs must say NCCL knobs are inert"
+    for name in ("best.yaml", "best.env", "trials.csv", "study.db"):
+        assert (out / name).is_file(), name
+
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [int(r["number"]) for r in rows] == [0, 1, 2, 3]
+    assert rows[0]["state"] == "complete" and float(rows[0]["samples_per_s"]) > 0
+    assert all(r["state"] for r in rows)
+
+    best = load_config(str(out / "best.yaml"))
+    assert best.strategy in ("ddp", "fsdp")
+    assert best.workload.global_batch == 16
+    assert (out / "best.env").read_text().startswith("#")

@@ -1,0 +1,150 @@
+"""The TrialPlan: everything one worker group needs to run one configuration.
+
+The driver (``orchestrator``) derives a plan from the user's config plus the
+sampled parameters, checks it, and ships it to every worker as a plain dict
+(``TrialPlan.to_dict``). It lives in ``train_fns`` so that the worker side never
+imports the driver side: arrows point one way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+STRATEGIES = ("ddp", "fsdp")
+PRECISIONS = ("fp32", "bf16", "fp16")
+TASKS = ("mlm", "clm")
+FAULT_KINDS = ("crash", "hang", "oom")
+
+
+class InfeasiblePlan(ValueError):
+    """A combination that cannot run; it is rejected before any worker starts."""
+
+
+def split_global_batch(global_batch: int, world_size: int, accumulation_steps: int) -> int:
+    """Return the micro-batch that keeps ``global_batch`` exact, or raise InfeasiblePlan.
+
+    ``global_batch = micro_batch * accumulation_steps * world_size`` must hold in
+    every trial: the search chooses the split, never the total.
+    """
+    if world_size < 1 or accumulation_steps < 1 or global_batch < 1:
+        raise InfeasiblePlan(
+            f"global_batch={global_batch}, world_size={world_size} and "
+            f"accumulation_steps={accumulation_steps} must all be >= 1"
+        )
+    per_step = world_size * accumulation_steps
+    if global_batch % per_step:
+        raise InfeasiblePlan(
+            f"global_batch={global_batch} is not divisible by world_size={world_size} x "
+            f"accumulation_steps={accumulation_steps} (= {per_step}); "
+            "pick an accumulation that divides global_batch / world_size"
+        )
+    return global_batch // per_step
+
+
+@dataclass(frozen=True)
+class DDPOptions:
+    """Knobs of ``torch.nn.parallel.DistributedDataParallel``; defaults are torch's."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass(frozen=True)
+class FSDPOptions:
+    """Knobs of FSDP2 ``fully_shard``; defaults are torch's."""
+
+    reshard_after_forward: bool = True
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """One configuration, fully derived and checked; what a worker runs."""
+
+    model: str
+    """A preset name (``bert-tiny``), an HF model type (``roberta``) or a local directory."""
+    task: str
+    seq_len: int
+    global_batch: int
+    world_size: int
+    accumulation_steps: int
+    micro_batch: int
+    strategy: str = "ddp"
+    precision: str = "fp32"
+    ddp: DDPOptions = field(default_factory=DDPOptions)
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    activation_checkpointing: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    """Keys passed to the HF config (e.g. ``num_hidden_layers``) after the preset's."""
+    data: str = "synthetic"
+    """``synthetic`` or a path to a local .txt/.jsonl file."""
+    tokenizer: str | None = None
+    """Local tokenizer directory for file data; defaults to the model directory."""
+    use_gpu: bool = False
+    lr: float = 1e-4
+    seed: int = 0
+    warmup_steps: int = 3
+    measure_steps: int = 12
+    num_windows: int = 3
+    """Measured steps are split into this many windows; each window is reported."""
+    step_deadline_s: float = 300.0
+    """A worker that finishes no step for this long is hung: it is ended, not waited for."""
+    env_names: tuple[str, ...] = ()
+    """Environment variables whose values the worker echoes back (what it really saw)."""
+    fault: str | None = None
+    """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InfeasiblePlan(f"strategy={self.strategy!r}; use one of {STRATEGIES}")
+        if self.precision not in PRECISIONS:
+            raise InfeasiblePlan(f"precision={self.precision!r}; use one of {PRECISIONS}")
+        if self.task not in TASKS:
+            raise InfeasiblePlan(f"task={self.task!r}; use one of {TASKS}")
+        if self.fault is not None and self.fault not in FAULT_KINDS:
+            raise InfeasiblePlan(f"fault={self.fault!r}; use one of {FAULT_KINDS}")
+        micro = split_global_batch(self.global_batch, self.world_size, self.accumulation_steps)
+        if micro != self.micro_batch:
+            raise InfeasiblePlan(
+                f"micro_batch={self.micro_batch} breaks the global batch: "
+                f"{self.global_batch} / ({self.world_size} x {self.accumulation_steps}) = {micro}"
+            )
+        if self.precision == "fp16" and not self.use_gpu:
+            raise InfeasiblePlan(
+                "precision=fp16 needs GPUs (fp16 autocast and GradScaler are CUDA features); "
+                "use bf16 or fp32 on CPU workers"
+            )
+        if self.strategy == "ddp" and self.ddp.static_graph and self.accumulation_steps > 1:
+            # torch's no_sync() under static_graph asserts in the reducer on the first
+            # backward (expect_autograd_hooks_), pytorch/pytorch#143580; see also #187732.
+            raise InfeasiblePlan(
+                "ddp.static_graph=True with accumulation_steps > 1 fails in torch's DDP "
+                "(no_sync under static_graph, pytorch#143580); use static_graph=False "
+                "or accumulation_steps=1"
+            )
+        if self.measure_steps < self.num_windows or self.num_windows < 1:
+            raise InfeasiblePlan(
+                f"measure_steps={self.measure_steps} must be >= num_windows={self.num_windows} >= 1"
+            )
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.measure_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, picklable and JSON-able dict (what ``train_loop_config`` carries)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialPlan:
+        data = dict(data)
+        data["ddp"] = DDPOptions(**data.get("ddp", {}))
+        data["fsdp"] = FSDPOptions(**data.get("fsdp", {}))
+        data["env_names"] = tuple(data.get("env_names", ()))
+        return cls(**data)
