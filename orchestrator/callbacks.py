@@ -23,7 +23,9 @@ class WindowCollector(UserCallback):
     def __init__(self, reports: Any) -> None:
         self._reports = reports
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+    ) -> None:
         self._reports.put(list(metrics))
 
 
@@ -34,7 +36,8 @@ def trial_line(number: int, result: dict[str, Any], params: dict[str, Any]) -> s
     if state == m.COMPLETE:
         figure = (
             f"{result[m.SAMPLES_PER_S]:8.2f} samples/s (cv {result[m.THROUGHPUT_CV]:.1%}, "
-            f"step {result[m.STEP_TIME_S] * 1000:.0f} ms, peak {result[m.PEAK_MEM_BYTES] / 2**20:.0f} MiB)"
+            f"step {result[m.STEP_TIME_S] * 1000:.0f} ms, "
+            f"peak {result[m.PEAK_MEM_BYTES] / 2**20:.0f} MiB)"
         )
     else:
         figure = f"{state.upper():>8}: {result.get(m.REASON, '')}"

@@ -159,7 +159,8 @@ class Config:
                 "workload.global_batch",
                 f"{self.workload.global_batch} cannot be split over "
                 f"cluster.num_workers={self.cluster.num_workers} workers; use a multiple of "
-                f"{self.cluster.num_workers} (e.g. {self.cluster.num_workers * max(1, per_worker)})",
+                f"{self.cluster.num_workers} "
+                f"(e.g. {self.cluster.num_workers * max(1, per_worker)})",
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -264,7 +265,7 @@ def read_yaml(path: Path, key: str) -> dict[str, Any]:
 
 
 def parse_set(item: str) -> tuple[list[str], Any]:
-    """Parse one ``--set a.b=value``; the value is read as YAML (``8`` is an int, ``true`` a bool)."""
+    """Parse one ``--set a.b=value``; the value is YAML (``8`` is an int, ``true`` a bool)."""
     if "=" not in item:
         raise ConfigError("--set", f"{item!r} is not KEY=VALUE; e.g. --set search.trials=8")
     key, raw = item.split("=", 1)

@@ -26,8 +26,11 @@ def start_ray(config: Config, verbose: bool) -> None:
     import ray
 
     cluster = config.cluster
-    kwargs = dict(log_to_driver=verbose, include_dashboard=False,
-                  logging_level=logging.INFO if verbose else logging.WARNING)
+    kwargs = dict(
+        log_to_driver=verbose,
+        include_dashboard=False,
+        logging_level=logging.INFO if verbose else logging.WARNING,
+    )
     if cluster.address:
         ray.init(address=cluster.address, **kwargs)
         return
@@ -86,13 +89,22 @@ def open_study(config: Config, out: Path) -> tuple[optuna.storages.BaseStorage, 
     return optuna.storages.RDBStorage(url), config.name
 
 
-def run_search(config: Config, out: Path, faults: dict[int, str], resume: bool,
-               verbose: bool) -> str:
+def quiet_libraries(verbose: bool) -> None:
+    """commtune prints one line per trial; Tune's tables and Optuna's INFO lines are noise."""
+    if not verbose:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter obeys verbose=0
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def run_search(
+    config: Config, out: Path, faults: dict[int, str], resume: bool, verbose: bool
+) -> str:
     """The whole search; returns the closing summary line."""
     import ray
 
     from orchestrator.tuner import build_tuner
 
+    quiet_libraries(verbose)
     start_ray(config, verbose)
     try:
         use_gpu = resolve_gpu(config)
@@ -103,7 +115,11 @@ def run_search(config: Config, out: Path, faults: dict[int, str], resume: bool,
         storage, study_name = open_study(config, out)
         done = _finished_trials(storage, study_name)
         remaining = max(0, config.search.trials - done)
-        points = [] if done else [space.optuna_params(p) for p in [space.baseline(), *_grid(config, space)]]
+        points = (
+            []
+            if done
+            else [space.optuna_params(p) for p in [space.baseline(), *_grid(config, space)]]
+        )
         print(
             f"commtune: {config.name}: {remaining} trial(s) to run of {config.search.trials} "
             f"({config.workload.model}, {config.cluster.num_workers} "

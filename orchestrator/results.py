@@ -27,8 +27,14 @@ MEASURED = (
     "(warm-up excluded); cv = stdev/mean over windows"
 )
 _CSV_METRICS = (
-    m.SAMPLES_PER_S, m.TOKENS_PER_S, m.THROUGHPUT_CV, m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S,
-    m.OPTIM_S, m.LOSS,
+    m.SAMPLES_PER_S,
+    m.TOKENS_PER_S,
+    m.THROUGHPUT_CV,
+    m.STEP_TIME_S,
+    m.DATA_S,
+    m.FWD_BWD_S,
+    m.OPTIM_S,
+    m.LOSS,
 )
 
 
@@ -55,8 +61,9 @@ def records(study: optuna.Study) -> list[TrialRecord]:
         state = attrs.get(m.STATE)
         if state is None:
             state = m.CRASH if t.state.is_finished() else "interrupted"
-        out.append(TrialRecord(t.number, state, attrs.get(m.REASON, ""), attrs.get("params") or {},
-                               attrs))
+        out.append(
+            TrialRecord(t.number, state, attrs.get(m.REASON, ""), attrs.get("params") or {}, attrs)
+        )
     return out
 
 
@@ -73,12 +80,17 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
         writer.writerow(header)
         for r in recs:
             peak = r.attrs.get(m.PEAK_MEM_BYTES)
-            writer.writerow([
-                r.number, r.state, *(r.params.get(n, "") for n in names),
-                *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
-                "" if peak is None else f"{peak / 2**20:.1f}",
-                _fmt(r.attrs.get("trial_wall_s")), r.reason,
-            ])
+            writer.writerow(
+                [
+                    r.number,
+                    r.state,
+                    *(r.params.get(n, "") for n in names),
+                    *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
+                    "" if peak is None else f"{peak / 2**20:.1f}",
+                    _fmt(r.attrs.get("trial_wall_s")),
+                    r.reason,
+                ]
+            )
 
 
 def _fmt(value: Any) -> str:
@@ -127,7 +139,10 @@ def summary_line(recs: list[TrialRecord], best: TrialRecord) -> str:
         counts[r.state] = counts.get(r.state, 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     if base is None or base.value is None:
-        return f"best: trial {best.number} at {best.value:.2f} samples/s (baseline did not complete; {tally})"
+        return (
+            f"best: trial {best.number} at {best.value:.2f} samples/s "
+            f"(baseline did not complete; {tally})"
+        )
     return (
         f"best: trial {best.number} at {best.value:.2f} samples/s = {best.value / base.value:.2f}x "
         f"baseline (trial {base.number}, {base.value:.2f} samples/s); {tally}"

@@ -23,15 +23,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.search", description=__doc__)
     p.add_argument("--config", help="YAML config file (merged over the preset)")
     p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one key, e.g. --set search.trials=8 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set search.trials=8 (repeatable)",
+    )
     p.add_argument("--trials", type=int, help="total trials, baseline included")
     p.add_argument("--out", help="output folder (default: runs/<name>)")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
     p.add_argument("--resume", action="store_true", help="continue the study in --out")
     p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
-    p.add_argument("--inject-faults", default="", metavar="N:KIND,...",
-                   help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang")
+    p.add_argument(
+        "--inject-faults",
+        default="",
+        metavar="N:KIND,...",
+        help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang",
+    )
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     return p.parse_args(argv)
 
@@ -52,8 +61,11 @@ def parse_faults(text: str) -> dict[int, str]:
 
 def provisional_context(config: Config) -> SearchContext:
     return SearchContext(
-        backend="gloo", strategy_mode=config.strategy, use_gpu=False,
-        world_size=config.cluster.num_workers, num_nodes=1,
+        backend="gloo",
+        strategy_mode=config.strategy,
+        use_gpu=False,
+        world_size=config.cluster.num_workers,
+        num_nodes=1,
         global_batch=config.workload.global_batch,
     )
 
@@ -61,8 +73,11 @@ def provisional_context(config: Config) -> SearchContext:
 def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
     sets = list(args.set)
-    for key, value in (("search.trials", args.trials), ("search.storage", args.storage),
-                       ("cluster.address", args.address)):
+    for key, value in (
+        ("search.trials", args.trials),
+        ("search.storage", args.storage),
+        ("cluster.address", args.address),
+    ):
         if value is not None:
             sets.append(f"{key}={value}")
     config = load_config(args.config, args.preset, sets)

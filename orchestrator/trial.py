@@ -7,6 +7,7 @@ reason, so that the search goes on and Optuna is told the truth.
 
 from __future__ import annotations
 
+import contextlib
 import queue as std_queue
 import threading
 import time
@@ -149,10 +150,8 @@ class TrainerRun:
         thread = threading.Thread(target=self._fit, args=(reports, done), daemon=True)
         thread.start()
         while not done.is_set() or not reports.empty():
-            try:
+            with contextlib.suppress(Empty, std_queue.Empty):
                 self._take(reports.get(timeout=0.5), start)
-            except (Empty, std_queue.Empty):
-                pass
             if time.monotonic() - start > deadline_s and not done.is_set():
                 return self._outcome_hang(deadline_s)
         self.timings["fit_s"] = time.monotonic() - start
@@ -213,8 +212,12 @@ class TrainerRun:
                 m.STATE: m.ERROR,
                 m.REASON: f"{len(self.windows)} of {self.plan.num_windows} windows reported",
             }
-        return {m.STATE: m.COMPLETE, m.REASON: "", **summarize(self.windows, self.plan),
-                "timings": self.timings}
+        return {
+            m.STATE: m.COMPLETE,
+            m.REASON: "",
+            **summarize(self.windows, self.plan),
+            "timings": self.timings,
+        }
 
     def _outcome_hang(self, deadline_s: float) -> dict[str, Any]:
         return {

@@ -24,7 +24,10 @@ from train_fns import metrics as m
 OBJECTIVE = m.SAMPLES_PER_S
 TRIAL_CPU = 0.01
 """The trial driver only waits on its workers; a whole CPU for it would starve them."""
-_OPTUNA_STATES = {m.COMPLETE: optuna.trial.TrialState.COMPLETE, m.PRUNED: optuna.trial.TrialState.PRUNED}
+_OPTUNA_STATES = {
+    m.COMPLETE: optuna.trial.TrialState.COMPLETE,
+    m.PRUNED: optuna.trial.TrialState.PRUNED,
+}
 
 
 def json_safe(value: Any) -> Any:
@@ -72,10 +75,28 @@ class StudySearch(OptunaSearch):
 
 
 _RECORDED = {
-    m.STATE, m.REASON, m.SAMPLES_PER_S, m.TOKENS_PER_S, m.THROUGHPUT_CV, m.STEP_TIME_S,
-    m.DATA_S, m.FWD_BWD_S, m.OPTIM_S, m.LOSS, m.PEAK_MEM_BYTES, m.ENV_SEEN, m.SETUP_S,
-    m.NUM_NONFINITE, "num_windows", "window_samples_per_s", "timings", "trial_wall_s", "env",
-    "plan", "traceback", "params",
+    m.STATE,
+    m.REASON,
+    m.SAMPLES_PER_S,
+    m.TOKENS_PER_S,
+    m.THROUGHPUT_CV,
+    m.STEP_TIME_S,
+    m.DATA_S,
+    m.FWD_BWD_S,
+    m.OPTIM_S,
+    m.LOSS,
+    m.PEAK_MEM_BYTES,
+    m.ENV_SEEN,
+    m.SETUP_S,
+    m.NUM_NONFINITE,
+    "num_windows",
+    "window_samples_per_s",
+    "timings",
+    "trial_wall_s",
+    "env",
+    "plan",
+    "traceback",
+    "params",
 }
 
 

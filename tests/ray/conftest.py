@@ -13,8 +13,9 @@ def ray_local() -> Iterator[None]:
     """A local Ray with 3 logical CPUs: 2 one-CPU workers plus the trial driver's sliver."""
     import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING)
+    ray.init(
+        num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+    )
     try:
         yield
     finally:

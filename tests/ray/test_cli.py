@@ -16,7 +16,10 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trial   0" in proc.stdout and "best: trial" in proc.stdout, proc.stdout

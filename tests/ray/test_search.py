@@ -31,8 +31,14 @@ TINY = [
 
 def _context(spaces: list[str], backend: str, tmp_path: Path, sets: tuple = ()) -> TrialContext:
     config = load_config(preset="smoke", sets=[*TINY, *sets])
-    search = SearchContext(backend=backend, strategy_mode=config.strategy, use_gpu=False,
-                           world_size=2, num_nodes=1, global_batch=config.workload.global_batch)
+    search = SearchContext(
+        backend=backend,
+        strategy_mode=config.strategy,
+        use_gpu=False,
+        world_size=2,
+        num_nodes=1,
+        global_batch=config.workload.global_batch,
+    )
     space = SearchSpace(load_spaces(spaces), search)
     return TrialContext(config, space, use_gpu=False, storage_path=storage_dir(tmp_path))
 
@@ -56,8 +62,9 @@ def test_tune_search_workers_see_their_trials_nccl_variables(
     """Each trial's workers see exactly the variables sampled for it, and no others."""
     ctx = _context(["nccl"], "nccl", tmp_path, sets=("search.sampler=random",))
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
-    tuner = build_tuner(ctx, "env-check", storage, 3, [ctx.space.optuna_params(ctx.space.baseline())],
-                        tmp_path)
+    tuner = build_tuner(
+        ctx, "env-check", storage, 3, [ctx.space.optuna_params(ctx.space.baseline())], tmp_path
+    )
     tuner.fit()
     recs = records(optuna.load_study(study_name="env-check", storage=storage))
     assert [r.state for r in recs] == [m.COMPLETE] * 3, [(r.state, r.reason) for r in recs]
@@ -75,7 +82,10 @@ def test_tune_search_workers_see_their_trials_nccl_variables(
 def test_infeasible_plan_is_never_launched(tmp_path: Path) -> None:
     ctx = _context(["accumulation"], "gloo", tmp_path)
     ctx = dataclasses.replace(
-        ctx, config=dataclasses.replace(
-            ctx.config, workload=dataclasses.replace(ctx.config.workload, precision="fp16")))
+        ctx,
+        config=dataclasses.replace(
+            ctx.config, workload=dataclasses.replace(ctx.config.workload, precision="fp16")
+        ),
+    )
     with pytest.raises(ValueError, match="fp16"):
         derive_plan(ctx, ctx.space.baseline(), task="mlm")

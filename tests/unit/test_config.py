@@ -29,8 +29,15 @@ def test_presets_cover_the_documented_set() -> None:
 
 
 def test_set_overrides_with_yaml_types() -> None:
-    config = load_config(preset="smoke", sets=["search.trials=7", "cluster.use_gpu=false",
-                                               "workload.lr=0.001", "env.FI_PROVIDER=efa"])
+    config = load_config(
+        preset="smoke",
+        sets=[
+            "search.trials=7",
+            "cluster.use_gpu=false",
+            "workload.lr=0.001",
+            "env.FI_PROVIDER=efa",
+        ],
+    )
     assert config.search.trials == 7
     assert config.cluster.use_gpu is False
     assert config.workload.lr == pytest.approx(1e-3)
@@ -105,9 +112,21 @@ def test_config_error_exits_fast_without_ray(tmp_path: Path) -> None:
     """The CLI rejects bad input within seconds and no Ray session appears."""
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke",
-         "--set", "cluster.num_workers=0", "--out", str(tmp_path / "out")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.search",
+            "--preset",
+            "smoke",
+            "--set",
+            "cluster.num_workers=0",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "cluster.num_workers" in proc.stderr

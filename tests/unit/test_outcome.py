@@ -8,20 +8,39 @@ from orchestrator.outcome import classify_failure, summarize
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
-PLAN = TrialPlan(model="bert-tiny", task="mlm", seq_len=64, global_batch=16, world_size=2,
-                 accumulation_steps=2, micro_batch=4, num_windows=3, measure_steps=6)
+PLAN = TrialPlan(
+    model="bert-tiny",
+    task="mlm",
+    seq_len=64,
+    global_batch=16,
+    world_size=2,
+    accumulation_steps=2,
+    micro_batch=4,
+    num_windows=3,
+    measure_steps=6,
+)
 
 
 def _report(rank: int, step: float, mem: int = 100) -> dict:
-    return {m.RANK: rank, m.STEP_TIME_S: step, m.DATA_S: 0.01, m.FWD_BWD_S: step * 0.8,
-            m.OPTIM_S: step * 0.1, m.LOSS: 5.0, m.PEAK_MEM_BYTES: mem,
-            m.ENV_SEEN: {"NCCL_ALGO": None}, m.SETUP_S: {"model_build_s": 1.0}}
+    return {
+        m.RANK: rank,
+        m.STEP_TIME_S: step,
+        m.DATA_S: 0.01,
+        m.FWD_BWD_S: step * 0.8,
+        m.OPTIM_S: step * 0.1,
+        m.LOSS: 5.0,
+        m.PEAK_MEM_BYTES: mem,
+        m.ENV_SEEN: {"NCCL_ALGO": None},
+        m.SETUP_S: {"model_build_s": 1.0},
+    }
 
 
 def test_summary_uses_slowest_rank_and_median_window() -> None:
-    windows = [[_report(0, 0.10), _report(1, 0.20)],   # slowest rank: 0.20 s -> 80/s
-               [_report(0, 0.25), _report(1, 0.10)],   # 0.25 s -> 64/s
-               [_report(0, 0.16), _report(1, 0.16, mem=900)]]  # 0.16 s -> 100/s
+    windows = [
+        [_report(0, 0.10), _report(1, 0.20)],  # slowest rank: 0.20 s -> 80/s
+        [_report(0, 0.25), _report(1, 0.10)],  # 0.25 s -> 64/s
+        [_report(0, 0.16), _report(1, 0.16, mem=900)],
+    ]  # 0.16 s -> 100/s
     s = summarize(windows, PLAN)
     assert s[m.SAMPLES_PER_S] == pytest.approx(80.0)
     assert s[m.TOKENS_PER_S] == pytest.approx(80.0 * 64)
@@ -48,12 +67,22 @@ class FakeWorkerGroupError(Exception):
 @pytest.mark.parametrize(
     ("failure", "state", "words"),
     [
-        (RuntimeError("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"),
-         m.OOM, "micro_batch=4"),
-        (RuntimeError("commtune watchdog: rank 1 finished no step in 60s"), m.HANG, "step_deadline_s"),
+        (
+            RuntimeError("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"),
+            m.OOM,
+            "micro_batch=4",
+        ),
+        (
+            RuntimeError("commtune watchdog: rank 1 finished no step in 60s"),
+            m.HANG,
+            "step_deadline_s",
+        ),
         (RuntimeError("[Gloo] Timed out waiting 90000ms for recv operation"), m.HANG, "ended"),
-        (RuntimeError("ActorDiedError: The actor died unexpectedly before finishing this task."),
-         m.CRASH, "died"),
+        (
+            RuntimeError("ActorDiedError: The actor died unexpectedly before finishing this task."),
+            m.CRASH,
+            "died",
+        ),
         (ValueError("shape mismatch in attention"), m.ERROR, "shape mismatch"),
     ],
 )
@@ -67,6 +96,10 @@ def test_failures_are_classified_with_reasons(failure: Exception, state: str, wo
 
 
 def test_oom_wins_over_the_collective_errors_it_causes() -> None:
-    exc = FakeWorkerGroupError({0: RuntimeError("Timed out waiting for recv"),
-                                1: RuntimeError("OutOfMemoryError: injected")})
+    exc = FakeWorkerGroupError(
+        {
+            0: RuntimeError("Timed out waiting for recv"),
+            1: RuntimeError("OutOfMemoryError: injected"),
+        }
+    )
     assert classify_failure(exc, PLAN)[0] == m.OOM

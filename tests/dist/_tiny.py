@@ -1,0 +1,37 @@
+"""A BERT small enough for two CPU processes, and plans around it (shared by the dist tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from train_fns.plan import TrialPlan
+
+TINY_BERT = {
+    "vocab_size": 512,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    # Dropout draws differ between one process and two; the maths under test does not.
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+GLOBAL_BATCH = 8
+CPU = torch.device("cpu")
+
+
+def tiny_plan(world_size: int = 2, accumulation_steps: int = 1, **changes: object) -> TrialPlan:
+    plan = TrialPlan(
+        model="bert-tiny",
+        task="mlm",
+        seq_len=16,
+        global_batch=GLOBAL_BATCH,
+        world_size=world_size,
+        accumulation_steps=accumulation_steps,
+        micro_batch=GLOBAL_BATCH // (world_size * accumulation_steps),
+        model_overrides=TINY_BERT,
+    )
+    return dataclasses.replace(plan, **changes)

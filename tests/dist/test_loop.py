@@ -1,0 +1,90 @@
+"""``run_training`` end to end on two gloo ranks: every rank reports every window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _spawn import run_distributed
+from _tiny import CPU, tiny_plan
+
+from train_fns import metrics as m
+from train_fns.loop import run_training
+from train_fns.plan import DDPOptions, TrialPlan
+
+EXPECTED_KEYS = {
+    m.WINDOW,
+    m.RANK,
+    m.WORLD_SIZE,
+    m.NUM_STEPS,
+    m.STEP_TIME_S,
+    m.DATA_S,
+    m.FWD_BWD_S,
+    m.OPTIM_S,
+    m.LOSS,
+    m.PEAK_MEM_BYTES,
+    m.ENV_SEEN,
+    m.SETUP_S,
+    m.NUM_NONFINITE,
+}
+ENV_NAMES = ("NCCL_SOCKET_NTHREADS", "NCCL_UNSET_FOR_TEST")
+CONFIGS = {
+    "ddp-fp32-static_graph": {"ddp": DDPOptions(static_graph=True)},
+    "fsdp-bf16-accum2-checkpointing": {
+        "strategy": "fsdp",
+        "precision": "bf16",
+        "accumulation_steps": 2,
+        "activation_checkpointing": True,
+    },
+}
+
+
+def _training_worker(rank: int, world_size: int, plans: dict[str, dict]) -> dict[str, list]:
+    results: dict[str, list] = {}
+    for name, plan_dict in plans.items():
+        reports: list[dict] = []
+        run_training(TrialPlan.from_dict(plan_dict), rank, world_size, CPU, reports.append)
+        results[name] = reports
+    return results
+
+
+@pytest.fixture(scope="module")
+def reports_by_rank(monkeypatch_module: pytest.MonkeyPatch) -> list[dict[str, list]]:
+    """Both configurations in one spawn (process start-up dominates on 2 cores)."""
+    monkeypatch_module.setenv("NCCL_SOCKET_NTHREADS", "4")  # spawned workers inherit it
+    plans = {
+        name: tiny_plan(
+            warmup_steps=1, measure_steps=5, num_windows=2, env_names=ENV_NAMES, **changes
+        ).to_dict()
+        for name, changes in CONFIGS.items()
+    }
+    return run_distributed(_training_worker, plans)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_rank_reports_every_window(
+    config: str, reports_by_rank: list[dict[str, list]]
+) -> None:
+    for rank, results in enumerate(reports_by_rank):
+        reports = results[config]
+        assert [r[m.WINDOW] for r in reports] == [0, 1]
+        assert [r[m.NUM_STEPS] for r in reports] == [3, 2]  # 5 measured steps, 2 windows
+        for report in reports:
+            assert report.keys() == EXPECTED_KEYS
+            assert report[m.RANK] == rank and report[m.WORLD_SIZE] == 2
+            for key in (m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S, m.OPTIM_S, m.PEAK_MEM_BYTES):
+                assert report[key] > 0, key
+            assert report[m.STEP_TIME_S] >= report[m.FWD_BWD_S]
+            assert report[m.NUM_NONFINITE] == 0
+            assert torch.isfinite(torch.tensor(report[m.LOSS]))
+            assert report[m.ENV_SEEN] == {"NCCL_SOCKET_NTHREADS": "4", "NCCL_UNSET_FOR_TEST": None}
+            assert set(report[m.SETUP_S]) == {"model_build_s", "wrap_s", "warmup_s"}
+            assert all(seconds > 0 for seconds in report[m.SETUP_S].values())
+    # The loss is averaged across ranks, so every rank reports the same value.
+    losses = [[r[m.LOSS] for r in results[config]] for results in reports_by_rank]
+    assert losses[0] == losses[1]

@@ -1,0 +1,200 @@
+"""The worker step loop: build, wrap, train ``plan.total_steps`` steps, report per window.
+
+Usable without Ray: ``run_training`` takes the rank, world size, device and a ``report``
+callable, so the dist tests drive it with torch.multiprocessing and a list's ``append``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from train_fns import metrics as m
+from train_fns.data import BatchSource, make_batch_source
+from train_fns.metrics import HANG_EXIT_CODE
+from train_fns.models import build_model
+from train_fns.plan import TrialPlan
+from train_fns.precision import Precision
+from train_fns.strategies import sync_gradients, wrap_model
+from train_fns.timing import StepTimer, peak_memory_bytes
+from train_fns.watchdog import Watchdog
+
+__all__ = ["HANG_EXIT_CODE", "StepRunner", "build_runner", "run_training", "window_ends"]
+
+
+def window_ends(plan: TrialPlan) -> list[int]:
+    """Absolute step counts after which a window is reported (warm-up steps excluded).
+
+    Windows differ by at most one step when ``measure_steps`` does not divide evenly.
+    """
+    base, extra = divmod(plan.measure_steps, plan.num_windows)
+    ends, done = [], plan.warmup_steps
+    for window in range(plan.num_windows):
+        done += base + (1 if window < extra else 0)
+        ends.append(done)
+    return ends
+
+
+def _mean_across_ranks(value: Tensor) -> float:
+    """All-reduce mean (every rank calls this at the same window boundary)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.detach().clone()
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value)
+
+
+@dataclass
+class StepRunner:
+    """One worker's training state, built once; ``run_step`` is one optimizer step."""
+
+    plan: TrialPlan
+    rank: int
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    source: BatchSource
+    timer: StepTimer
+    fault: str | None
+
+    def run_step(self, step: int) -> Tensor:
+        """One optimizer step; returns its mean loss (a device tensor: no host sync per step)."""
+        if step == self.plan.warmup_steps and self.fault == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.timer.start_step()
+        step_loss = self.accumulate_gradients(step)
+        with self.timer.phase("optim"):
+            self.precision.step(self.optimizer, step_loss)
+            self.optimizer.zero_grad(set_to_none=True)
+        self.timer.end_step()
+        return step_loss
+
+    def accumulate_gradients(self, step: int) -> Tensor:
+        """Forward and backward of every micro-step; gradients sync on the last one only."""
+        plan = self.plan
+        inject = self.fault if step == plan.warmup_steps else None
+        step_loss = torch.zeros((), device=self.device)
+        for micro_step in range(plan.accumulation_steps):
+            with self.timer.phase("data"):
+                batch = self.source.batch(self.rank, step, micro_step, self.device)
+            last = micro_step == plan.accumulation_steps - 1
+            with self.timer.phase("fwd_bwd"), sync_gradients(self.model, plan, enabled=last):
+                with self.precision.autocast():
+                    if inject == "oom":
+                        raise torch.OutOfMemoryError(
+                            "commtune injected fault: out of memory in forward "
+                            f"(micro_batch={plan.micro_batch})"
+                        )
+                    # Mean of micro-batch means == big-batch mean (equal labelled tokens).
+                    loss = self.model(**batch).loss / plan.accumulation_steps
+                if inject == "hang":
+                    _block_forever()  # peers then wait in the gradient all-reduce
+                self.precision.backward(loss)
+            step_loss += loss.detach()
+        return step_loss
+
+
+def _block_forever() -> None:
+    while True:
+        time.sleep(60)
+
+
+def _window_metrics(
+    runner: StepRunner, window: int, world_size: int, loss: Tensor, setup: dict[str, float]
+) -> dict:
+    times = runner.timer.take_window()
+    return {
+        m.WINDOW: window,
+        m.RANK: runner.rank,
+        m.WORLD_SIZE: world_size,
+        m.NUM_STEPS: int(times["num_steps"]),
+        m.STEP_TIME_S: times["total"],
+        m.DATA_S: times["data"],
+        m.FWD_BWD_S: times["fwd_bwd"],
+        m.OPTIM_S: times["optim"],
+        m.LOSS: _mean_across_ranks(loss),
+        m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
+        m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
+        m.SETUP_S: dict(setup),
+        m.NUM_NONFINITE: runner.precision.num_nonfinite(),
+    }
+
+
+def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[StepRunner, dict]:
+    """Seed, build and wrap the model, make optimizer and data; returns set-up times too."""
+    torch.manual_seed(plan.seed)
+    start = time.perf_counter()
+    model = build_model(plan)
+    config = model.config
+    model_build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    model = wrap_model(model, plan, device)
+    wrap_s = time.perf_counter() - start
+    # Weights are identical on every rank (seeded build); dropout masks should not be.
+    torch.manual_seed(plan.seed + 1 + rank)
+    runner = StepRunner(
+        plan=plan,
+        rank=rank,
+        device=device,
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=plan.lr),
+        precision=Precision(plan, device),
+        source=make_batch_source(plan, config),
+        timer=StepTimer(device),
+        fault=plan.fault if rank == plan.world_size - 1 else None,
+    )
+    setup = {"model_build_s": model_build_s, "wrap_s": wrap_s, "warmup_s": 0.0}
+    return runner, setup
+
+
+def _run_step_with_context(runner: StepRunner, step: int) -> Tensor:
+    """``run_step``; an OOM is re-raised (same type) saying where and at what peak memory."""
+    try:
+        return runner.run_step(step)
+    except torch.OutOfMemoryError as e:
+        peak_gib = peak_memory_bytes(runner.device) / 2**30
+        raise torch.OutOfMemoryError(
+            f"rank {runner.rank}, step {step}, micro_batch={runner.plan.micro_batch}, "
+            f"peak {peak_gib:.1f} GiB: {e}"
+        ) from e
+
+
+def run_training(
+    plan: TrialPlan,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    report: Callable[[dict], None],
+) -> None:
+    """Train ``plan`` on this rank and ``report`` one metrics dict per measurement window.
+
+    Every rank reports at the same boundaries (Ray Train requires all ranks to report). The
+    watchdog ends this process with ``HANG_EXIT_CODE`` if no step finishes in
+    ``plan.step_deadline_s`` seconds, set-up included.
+    """
+    if world_size != plan.world_size:
+        raise ValueError(f"plan is for world_size={plan.world_size}, running on {world_size}")
+    watchdog = Watchdog(rank, plan.step_deadline_s).start()
+    try:
+        runner, setup = build_runner(plan, rank, device)
+        ends = window_ends(plan)
+        warmup_start = time.perf_counter()
+        for step in range(plan.total_steps):
+            loss = _run_step_with_context(runner, step)
+            watchdog.beat()
+            if step + 1 == plan.warmup_steps:
+                setup["warmup_s"] = time.perf_counter() - warmup_start
+                runner.timer.take_window()  # warm-up steps are never measured
+                runner.precision.reset_num_nonfinite()
+            if step + 1 in ends:
+                report(_window_metrics(runner, ends.index(step + 1), world_size, loss, setup))
+    finally:
+        watchdog.stop()

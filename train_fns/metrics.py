@@ -1,0 +1,56 @@
+"""Metric names, defined once and used by the worker, the driver and the outputs.
+
+Every worker calls ``ray.train.report`` once per measurement window with a dict
+keyed by these names; the driver aggregates the per-worker dicts.
+"""
+
+# Per-window metrics reported by every worker.
+WINDOW = "window"
+"""Index of the measurement window (0-based); warm-up steps are never reported."""
+RANK = "rank"
+WORLD_SIZE = "world_size"
+NUM_STEPS = "num_steps"
+"""Optimizer steps in this window."""
+STEP_TIME_S = "step_time_s"
+"""Median wall-clock of one optimizer step (all micro-steps) in the window."""
+DATA_S = "data_s"
+"""Median time per step spent producing/fetching input batches."""
+FWD_BWD_S = "fwd_bwd_s"
+"""Median time per step in forward+backward, gradient sync included where not hidden."""
+OPTIM_S = "optim_s"
+"""Median time per step in the optimizer (and scaler) step."""
+LOSS = "loss"
+PEAK_MEM_BYTES = "peak_mem_bytes"
+"""CUDA max allocated on GPU workers; peak process RSS on CPU workers."""
+ENV_SEEN = "env_seen"
+"""The tuned environment variables as the worker process really saw them (None: unset)."""
+SETUP_S = "setup_s"
+"""Worker-side set-up wall-clock by part: model build, wrap, first step (warm-up)."""
+NUM_NONFINITE = "num_nonfinite_steps"
+"""Measured steps so far (cumulative, warm-up excluded) whose loss, or under fp16 loss
+scaling whose gradients, were inf/NaN; the last window's value is the trial's total."""
+
+# Trial-level metrics computed by the driver from the windows.
+SAMPLES_PER_S = "samples_per_s"
+"""Global samples/s: global_batch / median step time (median over windows)."""
+TOKENS_PER_S = "tokens_per_s"
+THROUGHPUT_CV = "throughput_cv"
+"""Coefficient of variation of the per-window throughput (stdev / mean)."""
+STATE = "state"
+REASON = "reason"
+
+# Trial states.
+COMPLETE = "complete"
+INFEASIBLE = "infeasible"
+OOM = "oom"
+HANG = "hang"
+CRASH = "crash"
+PRUNED = "pruned"
+ERROR = "error"
+
+# Worker exit status.
+HANG_EXIT_CODE = 75
+"""Exit status of a worker its liveness watchdog ended: it finished no step within
+``TrialPlan.step_deadline_s`` (a hang, e.g. a peer stuck in a collective)."""
+WATCHDOG_PREFIX = "commtune watchdog:"
+"""Start of the one stderr line the watchdog prints before ending a hung worker."""

@@ -1,0 +1,187 @@
+"""Models: an HF config from a preset, a local directory or an HF model type; never a download.
+
+Workers are often offline and a trial must measure communication, not a hub fetch, so models
+are built from configs with a seeded random init (identical on every rank). A local directory
+that holds weights is loaded from disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+)
+
+from train_fns.plan import InfeasiblePlan, TrialPlan
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "bert-large": {
+        "model_type": "bert",
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+        "task": "mlm",
+    },
+    "bert-base": {"model_type": "bert", "task": "mlm"},
+    "bert-mini": {
+        "model_type": "bert",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "task": "mlm",
+    },
+    "bert-tiny": {
+        "model_type": "bert",
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+        "task": "mlm",
+    },
+    "gpt2": {"model_type": "gpt2", "task": "clm"},
+}
+"""Preset name -> ``model_type``, HF config kwargs and the default ``task``."""
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+ATTN_IMPLEMENTATION = "sdpa"
+"""SDPA runs on CPU and GPU and is what real runs use; eager would distort the timings."""
+
+
+def _local_dir(model: str) -> Path | None:
+    path = Path(model).expanduser()
+    return path if (path / "config.json").is_file() else None
+
+
+def is_known_model(name: str) -> bool:
+    """Cheap check for the driver's config validation: nothing is built or downloaded."""
+    return name in MODEL_PRESETS or _local_dir(name) is not None or name in CONFIG_MAPPING_NAMES
+
+
+def resolve_model_config(model: str, overrides: dict[str, Any]) -> PretrainedConfig:
+    """Return the HF config for a preset, a local directory or an HF model type.
+
+    ``overrides`` are applied last (after the preset's keys), so a test can shrink any preset.
+    """
+    if model in MODEL_PRESETS:
+        preset = {k: v for k, v in MODEL_PRESETS[model].items() if k != "task"}
+        model_type = preset.pop("model_type")
+        return AutoConfig.for_model(model_type, **{**preset, **overrides})
+    local = _local_dir(model)
+    if local is not None:
+        return AutoConfig.from_pretrained(local, local_files_only=True, **overrides)
+    if model in CONFIG_MAPPING_NAMES:
+        return AutoConfig.for_model(model, **overrides)
+    raise ValueError(
+        f"model={model!r} is neither a preset ({', '.join(MODEL_PRESETS)}), a local directory "
+        "with config.json, nor an HF model type (e.g. 'bert', 'gpt2'); models are never downloaded"
+    )
+
+
+def default_task(config: PretrainedConfig) -> str:
+    """``clm`` for decoder-only/causal models, else ``mlm`` (what the model can train on)."""
+    if getattr(config, "is_decoder", False):
+        return "clm"
+    model_type = config.model_type
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "mlm"
+    return "clm" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "mlm"
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest sequence the position embeddings cover (None: the config does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def check_seq_len(config: PretrainedConfig, seq_len: int) -> None:
+    """Raise InfeasiblePlan when ``seq_len`` exceeds the model's position embeddings.
+
+    Position ids past the table index out of range, which on GPU is a device-side assert
+    that kills the worker with an opaque error; say it up front instead.
+    """
+    limit = max_positions(config)
+    if limit is not None and seq_len > limit:
+        raise InfeasiblePlan(
+            f"seq_len={seq_len} exceeds max_position_embeddings={limit} of model "
+            f"{config.model_type!r}; lower seq_len or set model_overrides.max_position_embeddings"
+        )
+
+
+def _model_class(task: str) -> type:
+    return AutoModelForMaskedLM if task == "mlm" else AutoModelForCausalLM
+
+
+def build_model(plan: TrialPlan) -> PreTrainedModel:
+    """Build the plan's model in fp32 with identical weights on every rank.
+
+    Random init is seeded by ``plan.seed``; a local directory with weights loads them (heads
+    the checkpoint lacks are then initialised from the same seed). Master weights are fp32
+    whatever the checkpoint says: precision is the plan's autocast/mixed-precision choice.
+    """
+    config = resolve_model_config(plan.model, plan.model_overrides)
+    check_seq_len(config, plan.seq_len)
+    if plan.task == "clm" and getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True  # encoder models (BERT) need this to train causally
+    if getattr(config, "use_cache", None):
+        config.use_cache = False  # training never reads a KV cache; building one costs memory
+    torch.manual_seed(plan.seed)
+    model_class = _model_class(plan.task)
+    local = _local_dir(plan.model)
+    if local is not None and any((local / name).is_file() for name in WEIGHT_FILES):
+        model = model_class.from_pretrained(
+            local,
+            config=config,
+            local_files_only=True,
+            dtype=torch.float32,
+            attn_implementation=ATTN_IMPLEMENTATION,
+        )
+    else:
+        model = model_class.from_config(
+            config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+        )
+    return model.train()  # from_pretrained returns eval mode; we time training (dropout on)
+
+
+def transformer_block_list(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of same-class modules holding the most parameters (the layer stack)."""
+    best: nn.ModuleList | None = None
+    best_params = 0
+    for module in model.modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        num_params = sum(p.numel() for p in module.parameters())
+        if num_params > best_params:
+            best, best_params = module, num_params
+    if best is None:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of repeated blocks")
+    return best
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks: the units FSDP shards and activation checkpointing wraps."""
+    return list(transformer_block_list(model))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

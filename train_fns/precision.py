@@ -1,0 +1,68 @@
+"""Autocast, fp16 loss scaling and non-finite step accounting.
+
+bf16 has fp32's exponent range and needs no loss scaling; fp16 does, and GradScaler is a CUDA
+feature (TrialPlan already rejects fp16 on CPU workers).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import Tensor
+
+from train_fns.plan import TrialPlan
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    """The plan's precision policy for one worker: autocast, backward scaling, optimizer step.
+
+    Non-finite steps are counted on the device without a host sync per step (a sync would
+    serialise the step and distort the timing); ``num_nonfinite`` reads the count once
+    per window.
+    """
+
+    def __init__(self, plan: TrialPlan, device: torch.device) -> None:
+        if plan.precision == "fp16" and device.type != "cuda":
+            raise ValueError("precision=fp16 needs a CUDA device (GradScaler is CUDA-only)")
+        self.device = device
+        self.dtype = AUTOCAST_DTYPES.get(plan.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if plan.precision == "fp16" else None
+        self._num_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
+
+    def autocast(self) -> AbstractContextManager:
+        """The forward's autocast region (a no-op for fp32)."""
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: Tensor) -> None:
+        """Backward of ``loss``, scaled for fp16 so small gradients do not flush to zero."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
+        """Optimizer step; counts the step as non-finite when the loss or gradients were.
+
+        With GradScaler a step with inf/NaN gradients is skipped (and the scale lowered);
+        without it a non-finite loss is only counted, as there is nothing to skip to.
+        """
+        if self.scaler is None:
+            optimizer.step()
+            self._num_nonfinite += (~torch.isfinite(loss.detach())).to(torch.int64)
+            return
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() < scale_before:  # update() lowers the scale on inf/NaN
+            self._num_nonfinite += 1
+
+    def num_nonfinite(self) -> int:
+        """Non-finite steps since the last reset (one host sync)."""
+        return int(self._num_nonfinite.item())
+
+    def reset_num_nonfinite(self) -> None:
+        self._num_nonfinite.zero_()

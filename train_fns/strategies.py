@@ -1,0 +1,122 @@
+"""Data-parallel strategies: DDP or FSDP2 ``fully_shard``, with optional activation checkpointing.
+
+Everything here is an *exact* knob: buckets, sharding and checkpointing change where and when
+bytes move, never the gradients (the dist tests check this against a single process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from train_fns.models import transformer_block_list
+from train_fns.plan import TrialPlan
+
+LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+"""What ``checkpoint_wrapper`` inserts into parameter names; strip it to compare names."""
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Wrap each transformer block so its activations are recomputed in backward.
+
+    Torch's non-reentrant ``checkpoint_wrapper`` is used rather than HF's
+    ``gradient_checkpointing_enable``: it is applied before ``fully_shard`` (as torchtitan
+    does), so FSDP2's all-gather hooks sit outside the recomputed region, and it works the same
+    under DDP. Non-reentrant checkpointing restores the RNG state, so dropout masks (and thus
+    gradients) are unchanged.
+    """
+    blocks = transformer_block_list(model)
+    for index, block in enumerate(blocks):
+        blocks[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
+    return DistributedDataParallel(
+        model,
+        device_ids=[device] if device.type == "cuda" else None,
+        bucket_cap_mb=plan.ddp.bucket_cap_mb,
+        gradient_as_bucket_view=plan.ddp.gradient_as_bucket_view,
+        static_graph=plan.ddp.static_graph,
+    )
+
+
+def _wrap_fsdp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
+    """Shard each block, then the root (embeddings, tied LM head, final norm).
+
+    One FSDP group per block lets the all-gather of block k+1 overlap block k's compute.
+    Reductions stay in fp32 under mixed precision, so bf16/fp16 only changes the compute
+    (a lossy choice the driver already opted into), never the gradient sum.
+    """
+    mesh = init_device_mesh(device.type, (plan.world_size,))
+    if plan.precision in LOW_PRECISION_DTYPES:
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=LOW_PRECISION_DTYPES[plan.precision], reduce_dtype=torch.float32
+        )
+    else:
+        mp_policy = MixedPrecisionPolicy()
+    options = {
+        "mesh": mesh,
+        "reshard_after_forward": plan.fsdp.reshard_after_forward,
+        "mp_policy": mp_policy,
+    }
+    for block in transformer_block_list(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def wrap_model(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
+    """Move ``model`` to ``device`` and wrap it for ``plan.strategy`` (process group required)."""
+    if not torch.distributed.is_initialized():
+        raise RuntimeError(
+            "wrap_model needs an initialised torch.distributed process group "
+            "(Ray Train sets one up; tests use gloo)"
+        )
+    model.to(device)
+    if plan.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if plan.strategy == "fsdp":
+        return _wrap_fsdp(model, plan, device)
+    return _wrap_ddp(model, plan, device)
+
+
+@contextmanager
+def sync_gradients(model: nn.Module, plan: TrialPlan, enabled: bool) -> Iterator[None]:
+    """Run a backward with gradient sync on or off.
+
+    Accumulation syncs only on the last micro-step: the earlier ones add into local
+    gradients, which is what makes accumulation cheaper than a bigger world.
+    """
+    if isinstance(model, DistributedDataParallel):
+        if enabled:
+            yield
+        else:
+            with model.no_sync():
+                yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+        yield
+    else:
+        yield  # an unwrapped model has nothing to sync
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The user model under a DDP wrapper (FSDP2 wraps in place)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name without wrapper prefixes, equal across strategies."""
+    name = name.removeprefix("module.")
+    return name.replace(CHECKPOINT_PREFIX, "")

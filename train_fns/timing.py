@@ -1,0 +1,74 @@
+"""Step timers (data, forward+backward, optimizer, total) and peak memory.
+
+CUDA runs asynchronously: without a synchronize at each phase boundary the host clock measures
+kernel launches, not work. The syncs cost a little overlap between phases; the total step time
+is what the search optimises, the parts explain it.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+PHASES = ("data", "fwd_bwd", "optim")
+
+
+class StepTimer:
+    """Accumulates phase times within a step and keeps per-step records for one window."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync_cuda = device.type == "cuda"
+        self._steps: list[dict[str, float]] = []
+        self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._step_start = 0.0
+
+    def _now(self) -> float:
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start_step(self) -> None:
+        self._current = dict.fromkeys(PHASES, 0.0)
+        self._step_start = self._now()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the wall-clock of the ``with`` body to phase ``name`` of the current step."""
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._current[name] = self._current.get(name, 0.0) + self._now() - start
+
+    def end_step(self) -> float:
+        """Close the step; returns its total wall-clock in seconds."""
+        total = self._now() - self._step_start
+        self._steps.append({**self._current, "total": total})
+        return total
+
+    def take_window(self) -> dict[str, float]:
+        """Median of each phase and the total over the steps since the last call."""
+        if not self._steps:
+            raise RuntimeError("take_window called with no finished step")
+        medians = {
+            key: statistics.median(step[key] for step in self._steps) for key in (*PHASES, "total")
+        }
+        medians["num_steps"] = len(self._steps)
+        self._steps = []
+        return medians
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA allocation on GPU workers; peak resident set size of the process on CPU.
+
+    ``ru_maxrss`` is in KiB on Linux. It includes the interpreter and libraries, so on CPU it
+    compares trials, not tensors.
+    """
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
