@@ -107,6 +107,12 @@ class SearchConfig:
     """A trial whose workers finish no step for this long is a hang."""
     storage: str | None = None
     """Optuna storage URL; default: SQLite ``study.db`` in the output folder."""
+    prune: bool = True
+    """Stop a trial early when it is slower than the best by more than the measured noise."""
+    time_budget_min: float | None = None
+    """Stop starting trials after this many minutes (the running one finishes)."""
+    remeasure_top: int = 3
+    """Re-measure this many of the best configs interleaved with the baseline at the end."""
 
     def __post_init__(self) -> None:
         _check_positive("search.trials", self.trials)
@@ -115,6 +121,10 @@ class SearchConfig:
         _check_positive("search.windows", self.windows)
         _check_positive("search.trial_timeout_s", self.trial_timeout_s)
         _check_positive("search.step_deadline_s", self.step_deadline_s)
+        if self.time_budget_min is not None:
+            _check_positive("search.time_budget_min", self.time_budget_min)
+        if self.remeasure_top < 0:
+            raise ConfigError("search.remeasure_top", f"got {self.remeasure_top}; use 0 or more")
         if self.warmup_steps < 1:
             raise ConfigError(
                 "search.warmup_steps",

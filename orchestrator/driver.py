@@ -9,8 +9,9 @@ from pathlib import Path
 
 import optuna
 
+from orchestrator import study
 from orchestrator.config import Config, ConfigError
-from orchestrator.results import write_outputs
+from orchestrator.results import baseline_record, records, write_outputs
 from orchestrator.trial import TrialContext, storage_dir
 from search_spaces import SearchContext, SearchSpace, load_spaces
 
@@ -26,9 +27,13 @@ def start_ray(config: Config, verbose: bool) -> None:
     import ray
 
     cluster = config.cluster
+    # The dashboard (on loopback only) serves the State API that Ray Train's placement
+    # group cleaner needs: without it, the resources of a trial ended early (pruned,
+    # hung) are never released and the next trial waits forever.
     kwargs = dict(
         log_to_driver=verbose,
-        include_dashboard=False,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
     if cluster.address:
@@ -84,11 +89,6 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
     )
 
 
-def open_study(config: Config, out: Path) -> tuple[optuna.storages.BaseStorage, str]:
-    url = config.search.storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    return optuna.storages.RDBStorage(url), config.name
-
-
 def quiet_libraries(verbose: bool) -> None:
     """commtune prints one line per trial; Tune's tables and Optuna's INFO lines are noise."""
     if not verbose:
@@ -97,12 +97,15 @@ def quiet_libraries(verbose: bool) -> None:
 
 
 def run_search(
-    config: Config, out: Path, faults: dict[int, str], resume: bool, verbose: bool
-) -> str:
-    """The whole search; returns the closing summary line."""
+    config: Config,
+    out: Path,
+    faults: dict[int, str],
+    resume: bool,
+    verbose: bool,
+    deadline: float | None = None,
+) -> tuple[list[str], bool]:
+    """The whole search; returns the closing lines and whether the baseline completed."""
     import ray
-
-    from orchestrator.tuner import build_tuner
 
     quiet_libraries(verbose)
     start_ray(config, verbose)
@@ -112,36 +115,65 @@ def run_search(
         space = SearchSpace(load_spaces(config.search.spaces), search_context(config, use_gpu))
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
-        storage, study_name = open_study(config, out)
-        done = _finished_trials(storage, study_name)
-        remaining = max(0, config.search.trials - done)
-        points = (
-            []
-            if done
-            else [space.optuna_params(p) for p in [space.baseline(), *_grid(config, space)]]
-        )
-        print(
-            f"commtune: {config.name}: {remaining} trial(s) to run of {config.search.trials} "
-            f"({config.workload.model}, {config.cluster.num_workers} "
-            f"{'GPU' if use_gpu else 'CPU'} workers, global batch {config.workload.global_batch}, "
-            f"sampler {config.search.sampler}); trial 0 is the untouched baseline",
-            flush=True,
-        )
-        if remaining:
-            ctx = TrialContext(config, space, use_gpu, storage_dir(out), faults)
-            build_tuner(ctx, study_name, storage, remaining, points, out).fit()
-        study = optuna.load_study(study_name=study_name, storage=storage)
-        return write_outputs(study, config, space, out)
+        ctx = TrialContext(config, space, use_gpu, storage_dir(out), faults)
+        storage = study.open_storage(config, out)
+        _tune(ctx, storage, resume, out, deadline)
+        recs = records(optuna.load_study(study_name=config.name, storage=storage))
+        comparisons = _remeasure(ctx, recs, out)
+        lines = write_outputs(recs, config, space, out, comparisons)
+        return lines, baseline_record(recs, space.baseline()) is not None
     finally:
         ray.shutdown()
 
 
-def _finished_trials(storage: optuna.storages.BaseStorage, study_name: str) -> int:
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        return 0
-    return sum(t.state.is_finished() for t in study.trials)
+def _tune(ctx: TrialContext, storage, resume: bool, out: Path, deadline: float | None) -> None:
+    from orchestrator.tuner import build_tuner
+
+    config, space = ctx.config, ctx.space
+    existing = study.load(storage, config.name)
+    if existing is not None and resume:
+        for number in study.requeue_interrupted(existing):
+            print(f"resume: trial {number} was interrupted; its params run again", flush=True)
+    done = study.counted(existing)
+    remaining = max(0, config.search.trials - done)
+    points = (
+        []
+        if existing
+        else [space.optuna_params(p) for p in [space.baseline(), *_grid(config, space)]]
+    )
+    if resume and not remaining:
+        print(
+            f"resume: the study already has {done} of {config.search.trials} trials; "
+            "rewriting the outputs",
+            flush=True,
+        )
+        return
+    print(
+        f"commtune: {config.name}: {remaining} trial(s) to run of {config.search.trials} "
+        f"({config.workload.model}, {config.cluster.num_workers} "
+        f"{'GPU' if ctx.use_gpu else 'CPU'} workers, global batch {config.workload.global_batch},"
+        f" sampler {config.search.sampler}); trial 0 is the untouched baseline",
+        flush=True,
+    )
+    build_tuner(ctx, config.name, storage, remaining, points, out, deadline).fit()
+
+
+def _remeasure(ctx: TrialContext, recs: list, out: Path) -> list:
+    """Re-measure the finalists beside the baseline (skipped when there is nothing to compare)."""
+    from orchestrator.remeasure import finalists, remeasure
+    from orchestrator.trial import resolve_task
+
+    base = baseline_record(recs, ctx.space.baseline())
+    top = ctx.config.search.remeasure_top
+    chosen = finalists(recs, base, top) if base and top else []
+    if not chosen:
+        return []
+    print(
+        f"re-measuring the top {len(chosen)} beside the baseline "
+        f"({2 * len(chosen) + 1} runs, interleaved)",
+        flush=True,
+    )
+    return remeasure(ctx, resolve_task(ctx.config), base, chosen, out)
 
 
 def _grid(config: Config, space: SearchSpace) -> list[dict]:

@@ -96,3 +96,28 @@ def classify_failure(
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+MIN_NOISE = 0.03
+"""Floor on the relative noise used for pruning: a quiet best trial is still not exact."""
+PRUNE_SIGMAS = 3.0
+
+
+def prune_threshold(best_value: float | None, best_cv: float | None) -> float | None:
+    """The throughput below which a trial is clearly slower than the best so far.
+
+    Clearly means by more than the measured noise: ``PRUNE_SIGMAS`` times the best
+    trial's window spread (at least ``MIN_NOISE``). None when there is no best yet.
+    """
+    if best_value is None or best_value <= 0:
+        return None
+    noise = max(best_cv or 0.0, MIN_NOISE)
+    return best_value * max(0.0, 1.0 - PRUNE_SIGMAS * noise)
+
+
+def should_prune(window_throughputs: list[float], threshold: float | None) -> bool:
+    """Prune only after two measured windows (warm-up is never judged), and only when even
+    this trial's best window is below the threshold."""
+    if threshold is None or len(window_throughputs) < 2:
+        return False
+    return max(window_throughputs) < threshold

@@ -20,7 +20,8 @@ from search_spaces import SearchSpace
 from train_fns import metrics as m
 
 BASELINE_NUMBER = 0
-"""Trial 0 is always the untouched default, so every result reads as best vs baseline."""
+"""Trial 0 is the untouched default, so every result reads as best vs baseline (after an
+interrupted baseline is re-run, the baseline is the first trial with the default params)."""
 MEASURED = (
     "global samples/s = global_batch / median step time; the step time of a window is the "
     "slowest rank's median, and the trial's figure is the median over its windows "
@@ -67,6 +68,11 @@ def records(study: optuna.Study) -> list[TrialRecord]:
     return out
 
 
+def baseline_record(recs: list[TrialRecord], defaults: dict[str, Any]) -> TrialRecord | None:
+    """The first completed trial that ran the untouched defaults."""
+    return next((r for r in recs if r.params == defaults and r.value is not None), None)
+
+
 def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
     done = [r for r in recs if r.value is not None]
     return max(done, key=lambda r: r.value) if done else None
@@ -75,7 +81,8 @@ def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
 def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params if not k.startswith("trial_")})
     header = ["number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s", "reason"]
-    with path.open("w", newline="") as f:
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         for r in recs:
@@ -91,6 +98,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                     r.reason,
                 ]
             )
+    tmp.replace(path)
 
 
 def _fmt(value: Any) -> str:
@@ -111,34 +119,63 @@ def best_config(config: Config, space: SearchSpace, best: TrialRecord) -> Config
     )
 
 
-def write_outputs(study: optuna.Study, config: Config, space: SearchSpace, out: Path) -> str:
-    """Write trials.csv, best.yaml and best.env; return the closing summary line."""
-    recs = records(study)
+def write_outputs(
+    recs: list[TrialRecord],
+    config: Config,
+    space: SearchSpace,
+    out: Path,
+    comparisons: list | None = None,
+) -> list[str]:
+    """Write trials.csv, best.yaml and best.env; return the closing summary lines.
+
+    The best config is the best re-measured finalist when it beats the baseline
+    beyond the noise, the baseline itself when none does, and the search's fastest
+    trial when nothing was re-measured.
+    """
     write_trials_csv(recs, out / "trials.csv")
     best = best_record(recs)
     if best is None:
-        return "no trial completed: see trials.csv for each trial's reason"
+        return ["no trial completed: see trials.csv for each trial's reason"]
+    base = baseline_record(recs, space.baseline())
+    lines = [summary_line(recs, best, base)]
+    verdict = ""
+    if comparisons:
+        top = comparisons[0]
+        lines.append("re-measured, interleaved with the baseline: " + top.line())
+        verdict = f"# re-measured beside the baseline: {top.line()}\n"
+        if top.significant and top.ratio > 1:
+            best = next(r for r in recs if r.number == top.number)
+        elif base is not None:
+            best = base
+            lines.append("no configuration beat the baseline beyond the noise: best.yaml keeps it")
     chosen = best_config(config, space, best)
     header = (
-        f"# commtune best configuration: trial {best.number}, "
-        f"{best.value:.2f} samples/s\n# measured: {MEASURED}\n"
+        f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
+        f"{verdict}# measured: {MEASURED}\n"
     )
-    (out / "best.yaml").write_text(header + dump_config(chosen))
+    _write_atomic(out / "best.yaml", header + dump_config(chosen))
     env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
-    (out / "best.env").write_text(
+    _write_atomic(
+        out / "best.env",
         "# environment of the best trial (source it before torchrun or another launcher)\n"
-        + "".join(line + "\n" for line in env_lines)
+        + "".join(line + "\n" for line in env_lines),
     )
-    return summary_line(recs, best)
+    return lines
 
 
-def summary_line(recs: list[TrialRecord], best: TrialRecord) -> str:
-    base = next((r for r in recs if r.number == BASELINE_NUMBER), None)
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside, then rename: a killed driver never leaves a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str:
     counts: dict[str, int] = {}
     for r in recs:
         counts[r.state] = counts.get(r.state, 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    if base is None or base.value is None:
+    if base is None:
         return (
             f"best: trial {best.number} at {best.value:.2f} samples/s "
             f"(baseline did not complete; {tally})"

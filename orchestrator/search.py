@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.study import STUDY_DB
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
-
-STUDY_DB = "study.db"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +33,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default: runs/<name>)")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
     p.add_argument("--resume", action="store_true", help="continue the study in --out")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MINUTES",
+        help="start no trial after this many minutes (whichever of this and "
+        "--trials comes first); outputs are still written",
+    )
     p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
     p.add_argument(
         "--inject-faults",
@@ -89,7 +95,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     faults = parse_faults(args.inject_faults)
     out = Path(args.out or Path("runs") / config.name)
-    if (out / STUDY_DB).exists() and not args.resume and config.search.storage is None:
+    if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
         raise ConfigError(
             "--out",
             f"{out} already holds a study; pass --resume to continue it or choose another --out",
@@ -110,15 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from orchestrator.driver import run_search
 
-        line = run_search(config, out, faults, resume=args.resume, verbose=args.verbose)
+        budget = config.search.time_budget_min
+        deadline = time.time() + budget * 60 if budget else None
+        lines, baseline_ok = run_search(
+            config, out, faults, resume=args.resume, verbose=args.verbose, deadline=deadline
+        )
     except ConfigError as e:  # found only once the cluster is known (e.g. too few resources)
         print(f"commtune: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("commtune: interrupted; resume with --resume", file=sys.stderr)
         return 1
-    print(line)
+    for line in lines:
+        print(line)
     print(f"outputs in {out} ({time.monotonic() - started:.0f}s)")
+    if not baseline_ok:
+        print(
+            "commtune: the baseline (trial 0) did not complete; there is nothing to compare "
+            "against (see trials.csv)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config
+from orchestrator.outcome import should_prune
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.models import default_task, resolve_model_config
@@ -24,7 +25,8 @@ from train_fns.plan import DDPOptions, FSDPOptions, InfeasiblePlan, TrialPlan, s
 
 TRIAL_NUMBER = "trial_number"
 """Config key carrying the Optuna trial number (what users see) into the trial."""
-BASELINE = "baseline"
+PRUNE_BELOW = "_prune_below"
+"""Config key: samples/s below which this trial is clearly slower than the best so far."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def _run(params: dict[str, Any], ctx: TrialContext, number: int) -> dict[str, An
     except InfeasiblePlan as e:
         return {m.STATE: m.INFEASIBLE, m.REASON: str(e)}
     result = TrainerRun(plan, env, ctx, name=f"trial_{number:04d}").run(
-        deadline_s=ctx.config.search.trial_timeout_s
+        deadline_s=ctx.config.search.trial_timeout_s, prune_below=params.get(PRUNE_BELOW)
     )
     result["env"] = env
     result["plan"] = plan.to_dict()
@@ -141,7 +143,7 @@ class TrainerRun:
         self.error: BaseException | None = None
         self.timings: dict[str, float] = {}
 
-    def run(self, deadline_s: float) -> dict[str, Any]:
+    def run(self, deadline_s: float, prune_below: float | None = None) -> dict[str, Any]:
         from ray.util.queue import Empty, Queue
 
         reports: Queue = Queue(actor_options={"num_cpus": 0})
@@ -154,6 +156,8 @@ class TrainerRun:
                 self._take(reports.get(timeout=0.5), start)
             if time.monotonic() - start > deadline_s and not done.is_set():
                 return self._outcome_hang(deadline_s)
+            if not done.is_set() and should_prune(self._throughputs(), prune_below):
+                return self._outcome_pruned(prune_below)
         self.timings["fit_s"] = time.monotonic() - start
         return self._outcome()
 
@@ -216,6 +220,23 @@ class TrainerRun:
             m.STATE: m.COMPLETE,
             m.REASON: "",
             **summarize(self.windows, self.plan),
+            "timings": self.timings,
+        }
+
+    def _throughputs(self) -> list[float]:
+        return [
+            self.plan.global_batch / max(w[m.STEP_TIME_S] for w in ranks) for ranks in self.windows
+        ]
+
+    def _outcome_pruned(self, threshold: float) -> dict[str, Any]:
+        shown = ", ".join(f"{t:.1f}" for t in self._throughputs())
+        return {
+            m.STATE: m.PRUNED,
+            m.REASON: (
+                f"windows at {shown} samples/s, all below {threshold:.1f} (the best so far "
+                "minus 3x its measured noise); stopped early"
+            ),
+            "window_samples_per_s": self._throughputs(),
             "timings": self.timings,
         }
 

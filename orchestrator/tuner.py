@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import optuna
 from ray import tune
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.callbacks import ProgressPrinter
-from orchestrator.trial import TRIAL_NUMBER, TrialContext, run_trial
+from orchestrator.outcome import prune_threshold
+from orchestrator.trial import PRUNE_BELOW, TRIAL_NUMBER, TrialContext, run_trial
 from search_spaces import SearchSpace
 from train_fns import metrics as m
 
@@ -50,6 +53,16 @@ class StudySearch(OptunaSearch):
     that would mislead the sampler. The outcome is kept as user attributes so the
     study alone can rebuild every output.
     """
+
+    deadline: float | None = None
+    """Wall-clock time (``time.time()``) after which no new trial starts."""
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.deadline is not None and time.time() > self.deadline:
+            if trial_id not in self._ot_trials:
+                print("time budget reached: no new trial starts", flush=True)
+            return Searcher.FINISHED
+        return super().suggest(trial_id)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if result.get(m.STATE) is None and self.metric in result:
@@ -110,14 +123,29 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
 class DefineByRun:
     """The define-by-run function OptunaSearch calls for each new trial.
 
+    Besides the sampled params it hands the trial the pruning threshold of the
+    study so far (the trial cannot read the study: it may run on another node).
     A class, not a closure: Tune checkpoints the searcher with plain pickle.
     """
 
-    def __init__(self, space: SearchSpace) -> None:
+    def __init__(self, space: SearchSpace, prune: bool) -> None:
         self.space = space
+        self.prune = prune
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
-        return {**self.space.suggest(trial), TRIAL_NUMBER: trial.number}
+        sampled = self.space.suggest(trial)
+        params = {**sampled, TRIAL_NUMBER: trial.number}
+        if self.prune and sampled != self.space.baseline():  # the baseline is never pruned
+            params[PRUNE_BELOW] = study_prune_threshold(trial.study)
+        return params
+
+
+def study_prune_threshold(study: optuna.Study) -> float | None:
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not done:
+        return None
+    best = max(done, key=lambda t: t.value)
+    return prune_threshold(best.value, best.user_attrs.get(m.THROUGHPUT_CV))
 
 
 def build_tuner(
@@ -127,11 +155,12 @@ def build_tuner(
     num_samples: int,
     points: list[dict[str, Any]],
     out_dir: Path,
+    deadline: float | None = None,
 ) -> tune.Tuner:
     """A Tuner over ``num_samples`` new trials; ``points`` are enqueued first (baseline, grid)."""
     cfg = ctx.config.search
     searcher = StudySearch(
-        space=DefineByRun(ctx.space),
+        space=DefineByRun(ctx.space, cfg.prune),
         metric=OBJECTIVE,
         mode="max",
         points_to_evaluate=points or None,
@@ -140,6 +169,7 @@ def build_tuner(
         study_name=study_name,
         storage=storage,
     )
+    searcher.deadline = deadline
     trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": TRIAL_CPU})
     return tune.Tuner(
         trainable,

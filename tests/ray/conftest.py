@@ -14,7 +14,11 @@ def ray_local() -> Iterator[None]:
     import ray
 
     ray.init(
-        num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+        num_cpus=3,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        log_to_driver=False,
+        logging_level=logging.WARNING,
     )
     try:
         yield

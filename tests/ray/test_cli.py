@@ -24,11 +24,13 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trial   0" in proc.stdout and "best: trial" in proc.stdout, proc.stdout
     assert "nccl dropped" in proc.stdout, "gloo runs must say NCCL knobs are inert"
-    for name in ("best.yaml", "best.env", "trials.csv", "study.db"):
+    assert "re-measured, interleaved with the baseline: trial" in proc.stdout, proc.stdout
+    assert "x baseline (spread" in proc.stdout
+    for name in ("best.yaml", "best.env", "trials.csv", "study.db", "remeasure.csv"):
         assert (out / name).is_file(), name
 
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert [int(r["number"]) for r in rows] == [0, 1, 2, 3]
+    assert [int(r["number"]) for r in rows] == [0, 1, 2]
     assert rows[0]["state"] == "complete" and float(rows[0]["samples_per_s"]) > 0
     assert all(r["state"] for r in rows)
 
@@ -36,3 +38,5 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert best.strategy in ("ddp", "fsdp")
     assert best.workload.global_batch == 16
     assert (out / "best.env").read_text().startswith("#")
+    remeasured = list(csv.DictReader((out / "remeasure.csv").open()))
+    assert [r["role"] for r in remeasured] == ["baseline", "finalist", "baseline"]

@@ -1,0 +1,102 @@
+"""Pruning, re-measurement and resume decisions: pure logic, no Ray."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from orchestrator.outcome import MIN_NOISE, prune_threshold, should_prune
+from orchestrator.remeasure import compare, finalists, interleave
+from orchestrator.results import TrialRecord, baseline_record
+from orchestrator.study import INTERRUPTED, counted, requeue_interrupted
+from orchestrator.tuner import DefineByRun
+from search_spaces import SearchContext, SearchSpace, load_spaces
+from train_fns import metrics as m
+
+
+def test_prune_threshold_respects_measured_noise() -> None:
+    assert prune_threshold(None, None) is None
+    assert prune_threshold(100.0, 0.10) == pytest.approx(70.0)  # 3 sigma of 10%
+    assert prune_threshold(100.0, 0.0) == pytest.approx(100.0 * (1 - 3 * MIN_NOISE))
+
+
+def test_never_prunes_on_one_window_or_without_a_best() -> None:
+    assert not should_prune([1.0], threshold=100.0)  # first window alone is never judged
+    assert not should_prune([1.0, 1.0, 1.0], threshold=None)
+    assert not should_prune([50.0, 95.0], threshold=90.0)  # its best window is in range
+    assert should_prune([50.0, 60.0], threshold=90.0)
+
+
+def _space() -> SearchSpace:
+    ctx = SearchContext(
+        backend="gloo",
+        strategy_mode="ddp",
+        use_gpu=False,
+        world_size=2,
+        num_nodes=1,
+        global_batch=16,
+    )
+    return SearchSpace(load_spaces(["accumulation", "ddp"]), ctx)
+
+
+def test_baseline_is_never_given_a_prune_threshold() -> None:
+    space = _space()
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    define = DefineByRun(space, prune=True)
+    for value in (100.0, 50.0, 70.0):
+        trial = study.ask()
+        params = define(trial)
+        if params == {**space.baseline(), "trial_number": trial.number}:
+            assert "_prune_below" not in params
+        study.tell(trial, value)
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    trial = study.ask()
+    assert "_prune_below" not in define(trial)  # baseline again, after a best exists
+    other = define(study.ask())
+    assert other["_prune_below"] == pytest.approx(100.0 * (1 - 3 * MIN_NOISE))
+
+
+def _rec(number: int, value: float | None, params: dict) -> TrialRecord:
+    state = m.COMPLETE if value is not None else m.OOM
+    return TrialRecord(number, state, "", params, {m.SAMPLES_PER_S: value})
+
+
+def test_finalists_and_interleaving() -> None:
+    base = _rec(0, 100.0, {"a": 1})
+    recs = [
+        base,
+        _rec(1, 120.0, {"a": 2}),
+        _rec(2, 130.0, {"a": 3}),
+        _rec(3, 125.0, {"a": 3}),
+        _rec(4, None, {"a": 4}),
+        _rec(5, 99.0, {"a": 5}),
+    ]
+    top = finalists(recs, base, 2)
+    assert [r.number for r in top] == [2, 1]  # trial 3 repeats trial 2's config
+    assert [r.number for r in interleave(base, top)] == [0, 2, 0, 1, 0]
+    assert baseline_record(recs, {"a": 1}) is base
+
+
+def test_comparison_claims_gain_only_outside_noise() -> None:
+    clear = compare(7, 150.0, 0.02, neighbours=[100.0, 102.0], baselines=[100.0, 102.0, 98.0])
+    assert clear.ratio == pytest.approx(150.0 / 101.0)
+    assert clear.significant and "significant gain" in clear.line()
+    noisy = compare(7, 104.0, 0.05, neighbours=[100.0, 101.0], baselines=[100.0, 101.0, 90.0])
+    assert not noisy.significant and "no significant gain" in noisy.line()
+
+
+def test_interrupted_trials_are_requeued_not_counted(tmp_path) -> None:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    for value in (1.0, 2.0):
+        t = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
+        study.tell(t, value)
+    running = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})  # the driver dies here
+    assert counted(study) == 2
+    assert requeue_interrupted(study) == [running.number]
+    assert counted(study) == 2, "the interrupted trial does not count"
+    t = study.trials[running.number]
+    assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs[m.STATE] == INTERRUPTED
+    again = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
+    assert again.params == running.params, "its params run again"
