@@ -50,7 +50,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
     }
 
 
-def _failure_texts(exc: BaseException) -> list[str]:
+def failure_texts(exc: BaseException) -> list[str]:
     """Messages of the exception, its chain and, for worker-group errors, each worker's."""
     texts, seen, todo = [], set(), [exc]
     while todo:
@@ -66,14 +66,18 @@ def _failure_texts(exc: BaseException) -> list[str]:
 
 
 def classify_failure(
-    exc: BaseException, plan: TrialPlan, peak_mem_bytes: int | None = None
+    exc: BaseException,
+    plan: TrialPlan,
+    peak_mem_bytes: int | None = None,
+    hang_markers: list[str] | None = None,
 ) -> tuple[str, str]:
     """Map a failed ``fit()`` to (state, reason), the reason fit for a log line.
 
     Order matters: an OOM on one rank makes the others fail in a collective, so the
-    root cause is looked for first.
+    root cause is looked for first. Ray reports a worker that ended itself and one
+    that was killed alike, so the watchdogs' ``hang_markers`` tell a hang apart.
     """
-    text = "\n".join(_failure_texts(exc))
+    text = "\n".join([*failure_texts(exc), *(hang_markers or [])])
     low = text.lower()
     peak = f"{peak_mem_bytes / GIB:.2f} GiB" if peak_mem_bytes else "unknown"
     if "outofmemoryerror" in low or "out of memory" in low:
@@ -88,7 +92,7 @@ def classify_failure(
         )
     crash_marks = ("actordiederror", "died", "sigkill", "signal", "exit code", "unexpectedly")
     if any(mark in low for mark in crash_marks):
-        first = next((t for t in _failure_texts(exc) if "died" in t.lower()), text)
+        first = next((t for t in failure_texts(exc) if "died" in t.lower()), text)
         return m.CRASH, f"a worker process died: {_one_line(first)}"
     return m.ERROR, _one_line(text)
 

@@ -8,6 +8,7 @@ reason, so that the search goes on and Optuna is told the truth.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue as std_queue
 import threading
 import time
@@ -46,6 +47,12 @@ def resolve_task(config: Config) -> str:
         return config.workload.task
     hf = resolve_model_config(config.workload.model, config.workload.model_overrides)
     return default_task(hf)
+
+
+def sampled_params(config: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """The trial's params by their real names (no Optuna-internal or bookkeeping keys)."""
+    names = {*space.param_names, "strategy"}
+    return {k: v for k, v in config.items() if k in names}
 
 
 def derive_plan(
@@ -111,7 +118,7 @@ def run_trial(params: dict[str, Any], ctx: TrialContext) -> None:
             "traceback": traceback.format_exc(limit=8),
         }
     outcome["trial_wall_s"] = time.monotonic() - started
-    outcome["params"] = {k: v for k, v in params.items() if k in set(ctx.space.param_names)}
+    outcome["params"] = sampled_params(params, ctx.space)
     outcome.setdefault(m.SAMPLES_PER_S, None)  # Tune insists the metric is in every result
     tune.report(outcome)
 
@@ -138,7 +145,9 @@ class TrainerRun:
     """
 
     def __init__(self, plan: TrialPlan, env: dict[str, str], ctx: TrialContext, name: str):
-        self.plan, self.env, self.ctx, self.name = plan, env, ctx, name
+        self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
+        self.plan = dataclasses.replace(plan, marker_dir=str(self.marker_dir))
+        self.env, self.ctx, self.name = env, ctx, name
         self.windows: list[list[dict[str, Any]]] = []
         self.error: BaseException | None = None
         self.timings: dict[str, float] = {}
@@ -205,12 +214,13 @@ class TrainerRun:
         )
 
     def _outcome(self) -> dict[str, Any]:
-        from orchestrator.outcome import classify_failure, summarize
+        from orchestrator.outcome import classify_failure, failure_texts, summarize
 
         peak = max((w[m.PEAK_MEM_BYTES] for r in self.windows for w in r), default=None)
         if self.error is not None:
-            state, reason = classify_failure(self.error, self.plan, peak)
-            return {m.STATE: state, m.REASON: reason, "timings": self.timings}
+            state, reason = classify_failure(self.error, self.plan, peak, self._hang_markers())
+            detail = "\n".join(failure_texts(self.error))[-4000:]
+            return {m.STATE: state, m.REASON: reason, "failure": detail, "timings": self.timings}
         if len(self.windows) < self.plan.num_windows:
             return {
                 m.STATE: m.ERROR,
@@ -222,6 +232,12 @@ class TrainerRun:
             **summarize(self.windows, self.plan),
             "timings": self.timings,
         }
+
+    def _hang_markers(self) -> list[str]:
+        """What the workers' watchdogs left before ending themselves (empty: no hang)."""
+        if not self.marker_dir.is_dir():
+            return []
+        return [p.read_text().strip() for p in sorted(self.marker_dir.glob("hang-rank*.txt"))]
 
     def _throughputs(self) -> list[float]:
         return [

@@ -110,6 +110,7 @@ _RECORDED = {
     "plan",
     "traceback",
     "params",
+    "failure",
 }
 
 

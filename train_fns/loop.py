@@ -182,7 +182,7 @@ def run_training(
     """
     if world_size != plan.world_size:
         raise ValueError(f"plan is for world_size={plan.world_size}, running on {world_size}")
-    watchdog = Watchdog(rank, plan.step_deadline_s).start()
+    watchdog = Watchdog(rank, plan.step_deadline_s, marker_dir=plan.marker_dir).start()
     try:
         runner, setup = build_runner(plan, rank, device)
         ends = window_ends(plan)

@@ -93,6 +93,8 @@ class TrialPlan:
     """A worker that finishes no step for this long is hung: it is ended, not waited for."""
     env_names: tuple[str, ...] = ()
     """Environment variables whose values the worker echoes back (what it really saw)."""
+    marker_dir: str | None = None
+    """Where a worker's watchdog leaves a hang marker before ending itself (driver reads it)."""
     fault: str | None = None
     """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way."""
 

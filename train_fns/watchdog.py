@@ -2,8 +2,10 @@
 
 A rank stuck in a collective (a peer died or hangs) blocks inside C++ and never raises; waiting
 for NCCL's or gloo's own timeout (30 minutes by default) would stall the whole search. Ending the
-process with a known exit status lets the driver record the trial as a hang and move on.
-Stdlib only, so it is cheap to import and to test.
+process lets the driver move on. Ray reports any dead worker the same way ("the actor
+died"), so before exiting the watchdog leaves a marker file in ``marker_dir`` (the trial's
+run folder, shared like all Ray Train storage): that file is how the driver tells a hang
+from a crash. Stdlib only, so it is cheap to import and to test.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ class Watchdog:
         rank: int,
         deadline_s: float,
         exit_fn: Callable[[int], object] = os._exit,
+        marker_dir: str | None = None,
     ) -> None:
         if deadline_s <= 0:
             raise ValueError(f"step_deadline_s={deadline_s} must be > 0")
         self.rank = rank
         self.deadline_s = deadline_s
         self._exit_fn = exit_fn
+        self._marker_dir = marker_dir
         self._last_beat = time.monotonic()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="commtune-watchdog", daemon=True)
@@ -55,11 +59,22 @@ class Watchdog:
         while not self._stopped.wait(poll_s):
             if time.monotonic() - self._last_beat < self.deadline_s:
                 continue
-            print(
+            message = (
                 f"{WATCHDOG_PREFIX} rank {self.rank} finished no step in "
-                f"{self.deadline_s:g}s; ending this worker (hang)",
-                file=sys.stderr,
-                flush=True,
+                f"{self.deadline_s:g}s; ending this worker (hang)"
             )
+            print(message, file=sys.stderr, flush=True)
+            self._leave_marker(message)
             self._exit_fn(HANG_EXIT_CODE)
             return
+
+    def _leave_marker(self, message: str) -> None:
+        if self._marker_dir is None:
+            return
+        try:
+            os.makedirs(self._marker_dir, exist_ok=True)
+            path = os.path.join(self._marker_dir, f"hang-rank{self.rank}.txt")
+            with open(path, "w") as f:
+                f.write(message + "\n")
+        except OSError as e:  # the exit must happen anyway; the driver then says "crash"
+            print(f"{WATCHDOG_PREFIX} could not write hang marker: {e}", file=sys.stderr)

@@ -1,0 +1,125 @@
+"""A search survives crashing, hanging and OOM trials, and its own driver's death."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["--preset", "smoke", "--set", "search.remeasure_top=0", "--set", "strategy=ddp"]
+DEADLINE_S = 15
+
+
+def _cli(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **kw,
+    )
+
+
+def _rows(out: Path) -> list[dict]:
+    return list(csv.DictReader((out / "trials.csv").open()))
+
+
+def _train_workers() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [
+        line for line in ps.splitlines() if "RayTrainWorker" in line or "TrainController" in line
+    ]
+
+
+def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "faults"
+    proc = _cli(
+        [
+            *FAST,
+            "--out",
+            str(out),
+            "--trials",
+            "4",
+            "--set",
+            "search.prune=false",
+            "--set",
+            f"search.step_deadline_s={DEADLINE_S}",
+            "--inject-faults",
+            "1:crash,2:hang,3:oom",
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {int(r["number"]): r for r in _rows(out)}
+    assert rows[0]["state"] == "complete"
+    assert rows[1]["state"] == "crash" and "died" in rows[1]["reason"]
+    assert rows[2]["state"] == "hang" and "step_deadline_s=15" in rows[2]["reason"]
+    assert rows[3]["state"] == "oom" and "micro_batch=" in rows[3]["reason"]
+    # the hang is ended within its deadline plus start-up and teardown, not a timeout later
+    assert float(rows[2]["trial_wall_s"]) < DEADLINE_S + 45
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
+    states = [t.state for t in study.trials]
+    assert states[0] == optuna.trial.TrialState.COMPLETE
+    assert states[1:] == [optuna.trial.TrialState.FAIL] * 3, "never a throughput of 0"
+    assert not _train_workers(), "no process of a trial survives the search"
+
+
+def _ray_session_pids(session: str) -> list[int]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in ps.splitlines() if session in line]
+
+
+def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
+    out = tmp_path / "resume"
+    args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.search", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    storage = f"sqlite:///{out / 'study.db'}"
+    first = _wait_for_second_trial(storage, proc)
+    session = os.path.realpath("/tmp/ray/session_latest")
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything in its session
+    proc.wait()
+    for pid in _ray_session_pids(os.path.basename(session)):  # what a node loss would take too
+        os.kill(pid, signal.SIGKILL)
+
+    resumed = _cli([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "was interrupted" in resumed.stdout
+    rows = _rows(out)
+    counted = [r for r in rows if r["state"] != "interrupted"]
+    assert len(counted) == 3, rows
+    assert [r for r in rows if r["state"] == "interrupted"], "the killed trial is marked"
+    kept = optuna.load_study(study_name="smoke", storage=storage).trials[0]
+    assert kept.user_attrs["samples_per_s"] == first, "completed values are kept as they were"
+
+    again = _cli([*args, "--resume"])
+    assert again.returncode == 0 and "already has 3 of 3 trials" in again.stdout
+    assert len(_rows(out)) == len(rows)
+
+
+def _wait_for_second_trial(storage: str, proc: subprocess.Popen) -> float:
+    """Wait until trial 0 completed and trial 1 runs; return trial 0's throughput."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the search ended before it could be killed"
+        try:
+            trials = optuna.load_study(study_name="smoke", storage=storage).trials
+        except (KeyError, Exception):
+            trials = []
+        if len(trials) >= 2 and trials[0].state.is_finished():
+            time.sleep(3)  # well inside trial 1
+            return trials[0].user_attrs["samples_per_s"]
+        time.sleep(1)
+    raise AssertionError("trial 1 never started")
