@@ -123,3 +123,39 @@ def _wait_for_second_trial(storage: str, proc: subprocess.Popen) -> float:
             return trials[0].user_attrs["samples_per_s"]
         time.sleep(1)
     raise AssertionError("trial 1 never started")
+
+
+def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "budget"
+    proc = _cli([*FAST, "--out", str(out), "--trials", "20", "--time-budget", "0.05"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "time budget reached" in proc.stdout
+    rows = _rows(out)
+    assert 1 <= len(rows) < 20 and rows[0]["state"] == "complete"
+    assert (out / "best.yaml").is_file()
+
+
+def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        started = time.monotonic()
+        proc = _cli(
+            [
+                *FAST,
+                "--out",
+                str(tmp_path / "big"),
+                "--address",
+                cluster.address,
+                "--set",
+                "cluster.num_workers=4",
+                "--set",
+                "workload.global_batch=16",
+            ]
+        )
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "cluster.num_workers" in proc.stderr and "CPU=1" in proc.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        cluster.shutdown()
