@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from ray.train.v2.api.callback import UserCallback
@@ -53,11 +52,13 @@ class ProgressPrinter(Callback):
         self.total = total
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        from orchestrator.trial import TRIAL_NUMBER
+        from ray.tune.utils.util import unflatten_dict
 
-        params = {k: v for k, v in trial.config.items() if k != TRIAL_NUMBER}
+        from orchestrator.trial import OUTCOME, TRIAL_NUMBER
+
+        outcome = unflatten_dict(dict(trial.last_result or {})).get(OUTCOME, {})
         number = int(trial.config.get(TRIAL_NUMBER, -1))
-        print(trial_line(number, trial.last_result or {}, params), file=sys.stdout, flush=True)
+        print(trial_line(number, outcome, outcome.get("params", {})), flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from orchestrator.trial import TRIAL_NUMBER

@@ -20,7 +20,7 @@ from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.callbacks import ProgressPrinter
 from orchestrator.outcome import prune_threshold
-from orchestrator.trial import PRUNE_BELOW, TRIAL_NUMBER, TrialContext, run_trial
+from orchestrator.trial import OUTCOME, PRUNE_BELOW, TRIAL_NUMBER, TrialContext, run_trial
 from search_spaces import SearchSpace
 from train_fns import metrics as m
 
@@ -65,53 +65,25 @@ class StudySearch(OptunaSearch):
         return super().suggest(trial_id)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if result.get(m.STATE) is None and self.metric in result:
-            super().on_trial_result(trial_id, result)
+        """Nothing to tell: a trial reports one record, at its end. Pruning happens inside
+        the trial against the measured noise, not through Optuna's pruner."""
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return
         ot_trial = self._ot_trials[trial_id]
-        # Tune hands over the result flattened ("env/NCCL_ALGO"); an empty dict vanishes.
-        result = unflatten_dict(dict(result or {}))
-        if error or m.STATE not in result:
-            result.setdefault(m.STATE, m.CRASH)
-            result.setdefault(m.REASON, "the trial's driver process died (node lost or killed)")
-        state = result[m.STATE]
-        for key, value in result.items():
-            if key in _RECORDED:
-                ot_trial.set_user_attr(key, json_safe(value))
+        # Tune hands over the result flattened ("outcome/env/NCCL_ALGO"); empty dicts vanish.
+        outcome = unflatten_dict(dict(result or {})).get(OUTCOME, {})
+        if error or m.STATE not in outcome:
+            outcome.setdefault(m.STATE, m.CRASH)
+            outcome.setdefault(m.REASON, "the trial's driver process died (node lost or killed)")
+        state = outcome[m.STATE]
+        for key, value in outcome.items():
+            ot_trial.set_user_attr(key, json_safe(value))
         ot_state = _OPTUNA_STATES.get(state, optuna.trial.TrialState.FAIL)
-        value = result.get(self.metric) if ot_state == optuna.trial.TrialState.COMPLETE else None
+        value = outcome.get(self.metric) if ot_state == optuna.trial.TrialState.COMPLETE else None
         self._ot_study.tell(ot_trial, value, state=ot_state)
         self._completed_trials.add(trial_id)
-
-
-_RECORDED = {
-    m.STATE,
-    m.REASON,
-    m.SAMPLES_PER_S,
-    m.TOKENS_PER_S,
-    m.THROUGHPUT_CV,
-    m.STEP_TIME_S,
-    m.DATA_S,
-    m.FWD_BWD_S,
-    m.OPTIM_S,
-    m.LOSS,
-    m.PEAK_MEM_BYTES,
-    m.ENV_SEEN,
-    m.SETUP_S,
-    m.NUM_NONFINITE,
-    "num_windows",
-    "window_samples_per_s",
-    "timings",
-    "trial_wall_s",
-    "env",
-    "plan",
-    "traceback",
-    "params",
-    "failure",
-}
 
 
 def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
