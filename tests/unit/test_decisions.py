@@ -100,3 +100,17 @@ def test_interrupted_trials_are_requeued_not_counted(tmp_path) -> None:
     assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs[m.STATE] == INTERRUPTED
     again = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
     assert again.params == running.params, "its params run again"
+
+
+def test_storage_urls_and_journal_files(tmp_path) -> None:
+    from orchestrator.config import load_config
+    from orchestrator.study import open_storage
+
+    default = open_storage(load_config(preset="smoke"), tmp_path)
+    assert isinstance(default, optuna.storages.RDBStorage)
+    journal = load_config(preset="smoke", sets=[f"search.storage={tmp_path / 'study.log'}"])
+    storage = open_storage(journal, tmp_path)
+    assert isinstance(storage, optuna.storages.JournalStorage)
+    study = optuna.create_study(study_name="j", storage=storage, direction="maximize")
+    study.tell(study.ask({"x": optuna.distributions.IntDistribution(0, 3)}), 1.0)
+    assert counted(optuna.load_study(study_name="j", storage=open_storage(journal, tmp_path))) == 1
