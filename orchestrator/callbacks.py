@@ -48,9 +48,6 @@ def trial_line(number: int, result: dict[str, Any], params: dict[str, Any]) -> s
 class ProgressPrinter(Callback):
     """Print a line as each trial finishes (Tune's own table is turned off)."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from ray.tune.utils.util import unflatten_dict
 

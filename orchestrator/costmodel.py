@@ -1,8 +1,9 @@
 """Alpha-beta cost model of data-parallel communication: bytes, time, and a dry-run ranking.
 
 A trial measures what happened; this model says what the link allows, so exposed communication
-can be judged against a bound, DDP vs FSDP traffic explained in bytes, and ``--dry-run`` can rank
-configs without a cluster. A message of m bytes costs ``alpha + m * beta`` (alpha: latency, s;
+can be judged against a bound, DDP vs FSDP traffic explained in bytes, and candidate configs
+ranked without a cluster (the library for issue 6's report and dry run, not wired in yet).
+A message of m bytes costs ``alpha + m * beta`` (alpha: latency, s;
 beta = 1 / bandwidth, s/byte). Bytes, seconds, bytes/s, GB = 1e9 bytes as nccl-tests reports;
 ``size_bytes`` is always the whole (unsharded) buffer, as nccl-tests counts it; one rank moves
 nothing. Pure Python so the driver can use it before Ray or torch start.
@@ -49,8 +50,8 @@ class Link:
 
 
 # Nominal figures for the motivating clusters (vendor line rates and typical nccl-tests results),
-# not measurements: replace them with the probe's measured busbw and small-message latency
-# (python -m orchestrator.probe) before trusting a prediction.
+# not measurements: replace them with a measured all-reduce busbw and small-message latency
+# (e.g. from nccl-tests) before trusting a prediction.
 PCIE_V100 = Link(12e9, 10e-6, "pcie_v100")  # 4 x V100 over PCIe 3.0 x16 (15.75 GB/s raw)
 NVLINK_A100 = Link(150e9, 5e-6, "nvlink_a100")  # 8 x A100, NVLink 3 through NVSwitch
 NET_100G = Link(12.5e9, 20e-6, "net_100g")  # 100 Gb/s between nodes

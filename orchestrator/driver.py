@@ -5,17 +5,25 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import optuna
 
 from orchestrator import study
-from orchestrator.config import Config, ConfigError
+from orchestrator.config import ClusterConfig, Config, ConfigError
 from orchestrator.results import baseline_record, records, write_outputs
 from orchestrator.trial import TrialContext, storage_dir
-from search_spaces import SearchContext, SearchSpace, load_spaces
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
 log = logging.getLogger("commtune")
+
+
+def cpus_needed(cluster: ClusterConfig) -> float:
+    """One trial's CPUs: its workers plus the trial driver's sliver."""
+    from orchestrator.tuner import TRIAL_CPU
+
+    return cluster.num_workers * cluster.cpus_per_worker + TRIAL_CPU
 
 
 def start_ray(config: Config, verbose: bool) -> None:
@@ -39,7 +47,7 @@ def start_ray(config: Config, verbose: bool) -> None:
     if cluster.address:
         ray.init(address=cluster.address, **kwargs)
         return
-    needed = math.ceil(cluster.num_workers * cluster.cpus_per_worker + 0.01)
+    needed = math.ceil(cpus_needed(cluster))
     ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
 
 
@@ -59,7 +67,7 @@ def check_capacity(config: Config, use_gpu: bool) -> None:
 
     have = ray.cluster_resources()
     cluster = config.cluster
-    need = {"CPU": cluster.num_workers * cluster.cpus_per_worker + 0.01}
+    need = {"CPU": cpus_needed(cluster)}
     if use_gpu:
         need["GPU"] = cluster.num_workers
     short = {k: v for k, v in need.items() if have.get(k, 0) < v}
@@ -107,6 +115,8 @@ def run_search(
     """The whole search; returns the closing lines and whether the baseline completed."""
     import ray
 
+    from orchestrator.trial import resolve_task
+
     quiet_libraries(verbose)
     start_ray(config, verbose)
     try:
@@ -115,39 +125,61 @@ def run_search(
         space = SearchSpace(load_spaces(config.search.spaces), search_context(config, use_gpu))
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
-        ctx = TrialContext(config, space, use_gpu, storage_dir(out), faults)
+        task = resolve_task(config)
+        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults)
         storage = study.open_storage(config, out)
-        _tune(ctx, storage, resume, out, deadline)
+        ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
-        comparisons = _remeasure(ctx, recs, out)
-        lines = write_outputs(recs, config, space, out, comparisons)
+        lines = write_outputs(recs, config, space, out)  # written before re-measuring
+        if ran:
+            comparisons = _remeasure(ctx, recs, out, deadline)
+            lines = write_outputs(recs, config, space, out, comparisons)
         return lines, baseline_record(recs, space.baseline()) is not None
+    except SpaceError as e:  # e.g. a grid too large for this cluster's context
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     finally:
         ray.shutdown()
 
 
-def _tune(ctx: TrialContext, storage, resume: bool, out: Path, deadline: float | None) -> None:
+def _tune(
+    ctx: TrialContext,
+    storage: optuna.storages.BaseStorage,
+    resume: bool,
+    out: Path,
+    deadline: float | None,
+) -> bool:
+    """Run the trials still owed; False when there were none (outputs are only rewritten)."""
     from orchestrator.tuner import build_tuner
 
     config, space = ctx.config, ctx.space
     existing = study.load(storage, config.name)
-    if existing is not None and resume:
+    if existing is not None and not resume:
+        raise ConfigError(
+            "--resume",
+            f"study {config.name!r} already exists in {config.search.storage or out}; "
+            "pass --resume to continue it, or set another name or storage",
+        )
+    if existing is not None:
         for number in study.requeue_interrupted(existing):
             print(f"resume: trial {number} was interrupted; its params run again", flush=True)
     done = study.counted(existing)
     remaining = max(0, config.search.trials - done)
-    points = (
-        []
-        if existing
-        else [space.optuna_params(p) for p in [space.baseline(), *_grid(config, space)]]
-    )
-    if resume and not remaining:
+    points = [] if existing else [space.baseline(), *_grid(config, space)]
+    if config.search.sampler == "grid" and points:
+        if len(points) > remaining:
+            print(
+                f"grid: {len(points)} points, {remaining} trials: only the first {remaining} "
+                "run (raise search.trials to cover the grid)",
+                flush=True,
+            )
+        remaining = min(remaining, len(points))
+    if not remaining:
         print(
             f"resume: the study already has {done} of {config.search.trials} trials; "
             "rewriting the outputs",
             flush=True,
         )
-        return
+        return False
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {config.search.trials} "
         f"({config.workload.model}, {config.cluster.num_workers} "
@@ -155,25 +187,30 @@ def _tune(ctx: TrialContext, storage, resume: bool, out: Path, deadline: float |
         f" sampler {config.search.sampler}); trial 0 is the untouched baseline",
         flush=True,
     )
-    build_tuner(ctx, config.name, storage, remaining, points, out, deadline).fit()
+    optuna_points = [space.optuna_params(p) for p in points]
+    build_tuner(ctx, config.name, storage, remaining, optuna_points, out, deadline).fit()
+    return True
 
 
-def _remeasure(ctx: TrialContext, recs: list, out: Path) -> list:
-    """Re-measure the finalists beside the baseline (skipped when there is nothing to compare)."""
+def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> list:
+    """Re-measure the finalists beside the baseline (skipped when there is nothing to compare
+    or the time budget is spent)."""
     from orchestrator.remeasure import finalists, remeasure
-    from orchestrator.trial import resolve_task
 
     base = baseline_record(recs, ctx.space.baseline())
     top = ctx.config.search.remeasure_top
     chosen = finalists(recs, base, top) if base and top else []
     if not chosen:
         return []
+    if deadline is not None and time.time() > deadline:
+        print("time budget spent: the finalists are not re-measured", flush=True)
+        return []
     print(
         f"re-measuring the top {len(chosen)} beside the baseline "
         f"({2 * len(chosen) + 1} runs, interleaved)",
         flush=True,
     )
-    return remeasure(ctx, resolve_task(ctx.config), base, chosen, out)
+    return remeasure(ctx, ctx.task, base, chosen, out)
 
 
 def _grid(config: Config, space: SearchSpace) -> list[dict]:

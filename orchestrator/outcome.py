@@ -17,6 +17,11 @@ from train_fns.plan import TrialPlan
 GIB = 1024**3
 
 
+def window_throughputs(windows: list[list[dict[str, Any]]], global_batch: int) -> list[float]:
+    """Global samples/s of each window: a synchronous step is as slow as its slowest rank."""
+    return [global_batch / max(w[m.STEP_TIME_S] for w in ranks) for ranks in windows]
+
+
 def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str, Any]:
     """Aggregate per-window, per-worker reports into the trial's metrics.
 
@@ -26,8 +31,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
     """
     if not windows:
         raise ValueError("no measurement window was reported")
-    step_times = [max(w[m.STEP_TIME_S] for w in ranks) for ranks in windows]
-    throughputs = [plan.global_batch / t for t in step_times]
+    throughputs = window_throughputs(windows, plan.global_batch)
     median_tp = statistics.median(throughputs)
     cv = statistics.pstdev(throughputs) / statistics.fmean(throughputs) if len(windows) > 1 else 0.0
     parts = {

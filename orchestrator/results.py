@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import shlex
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
+from orchestrator.study import INTERRUPTED
 from search_spaces import SearchSpace
 from train_fns import metrics as m
 
-BASELINE_NUMBER = 0
-"""Trial 0 is the untouched default, so every result reads as best vs baseline (after an
-interrupted baseline is re-run, the baseline is the first trial with the default params)."""
 MEASURED = (
     "global samples/s = global_batch / median step time; the step time of a window is the "
     "slowest rank's median, and the trial's figure is the median over its windows "
@@ -57,11 +57,12 @@ class TrialRecord:
 def records(study: optuna.Study) -> list[TrialRecord]:
     """Finished trials in order; a trial still RUNNING in storage was interrupted."""
     out = []
-    for t in study.trials:
+    started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    for t in study.get_trials(deepcopy=False, states=started):  # queued, never run: not shown
         attrs = dict(t.user_attrs)
         state = attrs.get(m.STATE)
         if state is None:
-            state = m.CRASH if t.state.is_finished() else "interrupted"
+            state = m.CRASH if t.state.is_finished() else INTERRUPTED
         out.append(
             TrialRecord(t.number, state, attrs.get(m.REASON, ""), attrs.get("params") or {}, attrs)
         )
@@ -79,26 +80,25 @@ def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
 
 
 def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
-    names = sorted({k for r in recs for k in r.params if not k.startswith("trial_")})
+    names = sorted({k for r in recs for k in r.params})
     header = ["number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s", "reason"]
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        for r in recs:
-            peak = r.attrs.get(m.PEAK_MEM_BYTES)
-            writer.writerow(
-                [
-                    r.number,
-                    r.state,
-                    *(r.params.get(n, "") for n in names),
-                    *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
-                    "" if peak is None else f"{peak / 2**20:.1f}",
-                    _fmt(r.attrs.get("trial_wall_s")),
-                    r.reason,
-                ]
-            )
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(header)
+    for r in recs:
+        peak = r.attrs.get(m.PEAK_MEM_BYTES)
+        writer.writerow(
+            [
+                r.number,
+                r.state,
+                *(r.params.get(n, "") for n in names),
+                *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
+                "" if peak is None else f"{peak / 2**20:.1f}",
+                _fmt(r.attrs.get("trial_wall_s")),
+                r.reason,
+            ]
+        )
+    _write_atomic(path, text.getvalue())
 
 
 def _fmt(value: Any) -> str:
@@ -140,10 +140,11 @@ def write_outputs(
     lines = [summary_line(recs, best, base)]
     verdict = ""
     if comparisons:
-        top = comparisons[0]
+        wins = [c for c in comparisons if c.significant and c.ratio > 1]
+        top = wins[0] if wins else comparisons[0]
         lines.append("re-measured, interleaved with the baseline: " + top.line())
         verdict = f"# re-measured beside the baseline: {top.line()}\n"
-        if top.significant and top.ratio > 1:
+        if wins:
             best = next(r for r in recs if r.number == top.number)
         elif base is not None:
             best = base

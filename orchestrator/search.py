@@ -83,6 +83,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
         ("search.trials", args.trials),
         ("search.storage", args.storage),
         ("cluster.address", args.address),
+        ("search.time_budget_min", args.time_budget),
     ):
         if value is not None:
             sets.append(f"{key}={value}")

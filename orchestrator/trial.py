@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import queue as std_queue
+import shutil
 import threading
 import time
 import traceback
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config
-from orchestrator.outcome import should_prune
+from orchestrator.outcome import should_prune, window_throughputs
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.models import default_task, resolve_model_config
@@ -40,6 +41,8 @@ class TrialContext:
     space: SearchSpace
     use_gpu: bool
     storage_path: str
+    task: str
+    """mlm or clm, resolved once on the driver (a trial may run where a local model is not)."""
     faults: dict[int, str] = field(default_factory=dict)
 
 
@@ -127,7 +130,7 @@ def run_trial(params: dict[str, Any], ctx: TrialContext) -> None:
 
 def _run(params: dict[str, Any], ctx: TrialContext, number: int) -> dict[str, Any]:
     try:
-        plan, env = derive_plan(ctx, params, resolve_task(ctx.config), ctx.faults.get(number))
+        plan, env = derive_plan(ctx, params, ctx.task, ctx.faults.get(number))
     except InfeasiblePlan as e:
         return {m.STATE: m.INFEASIBLE, m.REASON: str(e)}
     result = TrainerRun(plan, env, ctx, name=f"trial_{number:04d}").run(
@@ -148,6 +151,7 @@ class TrainerRun:
 
     def __init__(self, plan: TrialPlan, env: dict[str, str], ctx: TrialContext, name: str):
         self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
+        shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
         self.plan = dataclasses.replace(plan, marker_dir=str(self.marker_dir))
         self.env, self.ctx, self.name = env, ctx, name
         self.windows: list[list[dict[str, Any]]] = []
@@ -162,13 +166,17 @@ class TrainerRun:
         start = time.monotonic()
         thread = threading.Thread(target=self._fit, args=(reports, done), daemon=True)
         thread.start()
-        while not done.is_set() or not reports.empty():
-            with contextlib.suppress(Empty, std_queue.Empty):
-                self._take(reports.get(timeout=0.5), start)
-            if time.monotonic() - start > deadline_s and not done.is_set():
-                return self._outcome_hang(deadline_s)
-            if not done.is_set() and should_prune(self._throughputs(), prune_below):
-                return self._outcome_pruned(prune_below)
+        try:
+            while not done.is_set() or not reports.empty():
+                with contextlib.suppress(Empty, std_queue.Empty):
+                    self._take(reports.get(timeout=0.5), start)
+                if time.monotonic() - start > deadline_s and not done.is_set():
+                    return self._outcome_hang(deadline_s)
+                if not done.is_set() and should_prune(self._throughputs(), prune_below):
+                    return self._outcome_pruned(prune_below)
+        finally:
+            if done.is_set():  # a run ended early may still report: its queue goes with it
+                reports.shutdown()
         self.timings["fit_s"] = time.monotonic() - start
         return self._outcome()
 
@@ -242,9 +250,7 @@ class TrainerRun:
         return [p.read_text().strip() for p in sorted(self.marker_dir.glob("hang-rank*.txt"))]
 
     def _throughputs(self) -> list[float]:
-        return [
-            self.plan.global_batch / max(w[m.STEP_TIME_S] for w in ranks) for ranks in self.windows
-        ]
+        return window_throughputs(self.windows, self.plan.global_batch)
 
     def _outcome_pruned(self, threshold: float) -> dict[str, Any]:
         shown = ", ".join(f"{t:.1f}" for t in self._throughputs())

@@ -155,6 +155,6 @@ def build_tuner(
             name="tune",
             storage_path=str(out_dir.resolve()),
             verbose=0,
-            callbacks=[ProgressPrinter(num_samples)],
+            callbacks=[ProgressPrinter()],
         ),
     )

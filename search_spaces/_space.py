@@ -202,7 +202,7 @@ class SearchSpace:
             param = entry.param
             if param.kind == "same_as":
                 active = param.of in out
-                candidates = [seen.get(param.of)]
+                candidates = [seen.get(param.of)] if active else []
             else:
                 active = all(c.evaluate(seen) is True for c in entry.conditions)
                 candidates = options(entry, seen) if active else []

@@ -40,7 +40,9 @@ def _context(spaces: list[str], backend: str, tmp_path: Path, sets: tuple = ()) 
         global_batch=config.workload.global_batch,
     )
     space = SearchSpace(load_spaces(spaces), search)
-    return TrialContext(config, space, use_gpu=False, storage_path=storage_dir(tmp_path))
+    return TrialContext(
+        config, space, use_gpu=False, storage_path=storage_dir(tmp_path), task="mlm"
+    )
 
 
 def test_two_worker_trainer_reports_every_window(ray_local: None, tmp_path: Path) -> None:
