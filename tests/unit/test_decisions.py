@@ -114,3 +114,30 @@ def test_storage_urls_and_journal_files(tmp_path) -> None:
     study = optuna.create_study(study_name="j", storage=storage, direction="maximize")
     study.tell(study.ask({"x": optuna.distributions.IntDistribution(0, 3)}), 1.0)
     assert counted(optuna.load_study(study_name="j", storage=open_storage(journal, tmp_path))) == 1
+
+
+def test_same_as_follows_a_conditionally_inactive_param(tmp_path) -> None:
+    """A copy of a param that is off in this trial is off too, not a second grid branch."""
+    path = tmp_path / "chan.yaml"
+    path.write_text(
+        "name: chan\ndescription: channels only under fsdp\nparams:\n"
+        "  NCCL_MIN_NCHANNELS: {type: categorical, choices: [null, 2, 4], default: null,"
+        " when: strategy == fsdp}\n"
+        "  NCCL_MAX_NCHANNELS: {same_as: NCCL_MIN_NCHANNELS}\n"
+    )
+    ctx = SearchContext(
+        backend="nccl",
+        strategy_mode="search",
+        use_gpu=True,
+        world_size=2,
+        num_nodes=1,
+        global_batch=16,
+    )
+    space = SearchSpace(load_spaces(["strategy", str(path)]), ctx)
+    assert space.baseline() == {"strategy": "ddp"}
+    grid = space.grid()
+    assert len(grid) == 1 + 3, grid  # ddp alone; fsdp with each channel choice
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        params = space.suggest(study.ask())
+        assert params.get("NCCL_MAX_NCHANNELS") == params.get("NCCL_MIN_NCHANNELS")
