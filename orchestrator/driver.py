@@ -201,6 +201,8 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
     top = ctx.config.search.remeasure_top
     chosen = finalists(recs, base, top) if base and top else []
     if not chosen:
+        if base and top:
+            print("no finalist to re-measure: every other trial failed or was pruned", flush=True)
         return []
     if deadline is not None and time.time() > deadline:
         print("time budget spent: the finalists are not re-measured", flush=True)

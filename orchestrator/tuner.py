@@ -58,7 +58,8 @@ class StudySearch(OptunaSearch):
     """Wall-clock time (``time.time()``) after which no new trial starts."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self.deadline is not None and time.time() > self.deadline:
+        # The first trial (the baseline) always runs: without it nothing can be compared.
+        if self.deadline is not None and time.time() > self.deadline and self._ot_trials:
             if trial_id not in self._ot_trials:
                 print("time budget reached: no new trial starts", flush=True)
             return Searcher.FINISHED

@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--out", str(out)],
+        # pruning off so that a finalist is always there to be re-measured
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.search",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--set",
+            "search.prune=false",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
