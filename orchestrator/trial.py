@@ -258,7 +258,7 @@ class TrainerRun:
             m.STATE: m.PRUNED,
             m.REASON: (
                 f"windows at {shown} samples/s, all below {threshold:.1f} (the best so far "
-                "minus 3x its measured noise); stopped early"
+                "minus 3x the measured noise, at least 5% each); stopped early"
             ),
             "window_samples_per_s": self._throughputs(),
             "timings": self.timings,
