@@ -212,7 +212,7 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
         f"({2 * len(chosen) + 1} runs, interleaved)",
         flush=True,
     )
-    return remeasure(ctx, ctx.task, base, chosen, out)
+    return remeasure(ctx, base, chosen, out)
 
 
 def _grid(config: Config, space: SearchSpace) -> list[dict]:

@@ -77,13 +77,13 @@ def finalists(recs: list[TrialRecord], baseline: TrialRecord, top: int) -> list[
 
 
 def remeasure(
-    ctx: TrialContext, task: str, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
+    ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
 ) -> list[Comparison]:
     """Run the interleaved sequence for real; returns comparisons, best first."""
     order = interleave(baseline, chosen)
     results: list[dict] = []
     for i, rec in enumerate(order):
-        plan, env = derive_plan(ctx, rec.params, task)
+        plan, env = derive_plan(ctx, rec.params)
         outcome = TrainerRun(plan, env, ctx, name=f"remeasure_{i:02d}").run(
             deadline_s=ctx.config.search.trial_timeout_s
         )

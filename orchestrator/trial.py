@@ -61,7 +61,7 @@ def sampled_params(config: dict[str, Any], space: SearchSpace) -> dict[str, Any]
 
 
 def derive_plan(
-    ctx: TrialContext, params: dict[str, Any], task: str, fault: str | None = None
+    ctx: TrialContext, params: dict[str, Any], fault: str | None = None
 ) -> tuple[TrialPlan, dict[str, str]]:
     """Combine the fixed config with the sampled knobs; raise InfeasiblePlan if it cannot run."""
     cfg = ctx.config
@@ -73,7 +73,7 @@ def derive_plan(
     ddp_defaults = DDPOptions()
     plan = TrialPlan(
         model=cfg.workload.model,
-        task=task,
+        task=ctx.task,
         seq_len=cfg.workload.seq_len,
         global_batch=cfg.workload.global_batch,
         world_size=world,
@@ -130,7 +130,7 @@ def run_trial(params: dict[str, Any], ctx: TrialContext) -> None:
 
 def _run(params: dict[str, Any], ctx: TrialContext, number: int) -> dict[str, Any]:
     try:
-        plan, env = derive_plan(ctx, params, ctx.task, ctx.faults.get(number))
+        plan, env = derive_plan(ctx, params, ctx.faults.get(number))
     except InfeasiblePlan as e:
         return {m.STATE: m.INFEASIBLE, m.REASON: str(e)}
     result = TrainerRun(plan, env, ctx, name=f"trial_{number:04d}").run(

@@ -48,7 +48,7 @@ def _context(spaces: list[str], backend: str, tmp_path: Path, sets: tuple = ()) 
 def test_two_worker_trainer_reports_every_window(ray_local: None, tmp_path: Path) -> None:
     ctx = _context(["accumulation", "ddp"], "gloo", tmp_path)
     params = {**ctx.space.baseline(), "accumulation_steps": 2}
-    plan, env = derive_plan(ctx, params, task="mlm")
+    plan, env = derive_plan(ctx, params)
     assert plan.micro_batch * plan.accumulation_steps * plan.world_size == plan.global_batch
     outcome = TrainerRun(plan, env, ctx, name="smoke").run(deadline_s=180)
     assert outcome[m.STATE] == m.COMPLETE, outcome
@@ -90,4 +90,4 @@ def test_infeasible_plan_is_never_launched(tmp_path: Path) -> None:
         ),
     )
     with pytest.raises(ValueError, match="fp16"):
-        derive_plan(ctx, ctx.space.baseline(), task="mlm")
+        derive_plan(ctx, ctx.space.baseline())
