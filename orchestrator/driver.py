@@ -44,8 +44,10 @@ def start_ray(config: Config, verbose: bool) -> None:
         dashboard_host="127.0.0.1",
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
-    if cluster.address:
-        ray.init(address=cluster.address, **kwargs)
+    # A Ray job's driver (``ray job submit``) finds its cluster in RAY_ADDRESS.
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **kwargs)
         return
     needed = math.ceil(cpus_needed(cluster))
     ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)

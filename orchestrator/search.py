@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -76,8 +77,9 @@ def provisional_context(config: Config) -> SearchContext:
     )
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
-    """Everything that can fail on user input, checked before Ray starts."""
+def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
+    """The config and faults the arguments describe, validated without touching the output
+    folder (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
     sets = list(args.set)
     for key, value in (
         ("search.trials", args.trials),
@@ -94,8 +96,21 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
         SearchSpace(load_spaces(config.search.spaces), provisional_context(config))
     except SpaceError as e:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
-    faults = parse_faults(args.inject_faults)
-    out = Path(args.out or Path("runs") / config.name)
+    return config, parse_faults(args.inject_faults)
+
+
+def output_dir(args: argparse.Namespace, config: Config) -> Path:
+    """``--out`` with ``~`` and ``$VARS`` expanded (a submitted job's folder names the
+    cluster's home), else ``runs/<name>``."""
+    if args.out:
+        return Path(os.path.expandvars(os.path.expanduser(args.out)))
+    return Path("runs") / config.name
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
+    """Everything that can fail on user input, checked before Ray starts."""
+    config, faults = check(args)
+    out = output_dir(args, config)
     if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
         raise ConfigError(
             "--out",
