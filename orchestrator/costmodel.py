@@ -134,9 +134,18 @@ def bus_bandwidth(op: str, size_bytes: float, time_s: float, n: int) -> float:
 
     all-reduce: algbw * 2(n - 1) / n; all-gather and reduce-scatter: algbw * (n - 1) / n.
     """
+    return algo_bandwidth(size_bytes, time_s) * bus_factor(op, n)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw for ``op`` on ``n`` ranks, so a probe can scale a measured algbw directly.
+
+    The share of the buffer each rank's link carries: 2(n - 1) / n for all-reduce (a
+    reduce-scatter then an all-gather), (n - 1) / n for all-gather and reduce-scatter; 0 on one
+    rank, which moves nothing.
+    """
     _check(op, "ring", n)
-    factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
-    return algo_bandwidth(size_bytes, time_s) * factor
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 @dataclass(frozen=True)
