@@ -47,7 +47,14 @@ def sample_indices(plan: TrialPlan, rank: int, step: int, micro_step: int) -> ra
     if not 0 <= micro_step < plan.accumulation_steps:
         raise ValueError(f"micro_step={micro_step} outside {plan.accumulation_steps} micro-steps")
     per_rank = plan.global_batch // plan.world_size
-    start = step * plan.global_batch + rank * per_rank + micro_step * plan.micro_batch
+    if step < plan.first_step:
+        raise ValueError(f"step={step} is before the plan's first_step={plan.first_step}")
+    start = (
+        plan.first_sample
+        + (step - plan.first_step) * plan.global_batch
+        + rank * per_rank
+        + micro_step * plan.micro_batch
+    )
     return range(start, start + plan.micro_batch)
 
 

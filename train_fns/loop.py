@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,8 @@ class StepRunner:
     source: BatchSource
     timer: StepTimer
     fault: str | None
+    before_optimizer: Callable[[StepRunner], None] | None = None
+    """Called between the last backward and the optimizer step (gradient probes)."""
 
     def run_step(self, step: int) -> Tensor:
         """One optimizer step; returns its mean loss (a device tensor: no host sync per step)."""
@@ -71,6 +74,8 @@ class StepRunner:
             os.kill(os.getpid(), signal.SIGKILL)
         self.timer.start_step()
         step_loss = self.accumulate_gradients(step)
+        if self.before_optimizer is not None:
+            self.before_optimizer(self)
         with self.timer.phase("optim"):
             self.precision.step(self.optimizer, step_loss)
             self.optimizer.zero_grad(set_to_none=True)
@@ -86,7 +91,11 @@ class StepRunner:
             with self.timer.phase("data"):
                 batch = self.source.batch(self.rank, step, micro_step, self.device)
             last = micro_step == plan.accumulation_steps - 1
-            with self.timer.phase("fwd_bwd"), sync_gradients(self.model, plan, enabled=last):
+            with (
+                self.timer.phase("fwd_bwd"),
+                self.timer.phase("sync_micro") if last else nullcontext(),
+                sync_gradients(self.model, plan, enabled=last),
+            ):
                 with self.precision.autocast():
                     if inject == "oom":
                         raise torch.OutOfMemoryError(
@@ -100,6 +109,19 @@ class StepRunner:
                 self.precision.backward(loss)
             step_loss += loss.detach()
         return step_loss
+
+    def nosync_reference(self, step: int) -> float:
+        """Seconds of one forward+backward of micro-step 0 with gradient sync off, then
+        discarded: the compute-only twin of ``sync_micro`` when there is no accumulation
+        (every micro-step syncs). Costs one micro-step; gradients are zeroed after."""
+        batch = self.source.batch(self.rank, step, 0, self.device)
+        start = self.timer.now()
+        with sync_gradients(self.model, self.plan, enabled=False), self.precision.autocast():
+            loss = self.model(**batch).loss / self.plan.accumulation_steps
+        self.precision.backward(loss)
+        elapsed = self.timer.now() - start
+        self.optimizer.zero_grad(set_to_none=True)
+        return elapsed
 
 
 def _block_forever() -> None:

@@ -30,6 +30,27 @@ NUM_NONFINITE = "num_nonfinite_steps"
 """Measured steps so far (cumulative, warm-up excluded) whose loss, or under fp16 loss
 scaling whose gradients, were inf/NaN; the last window's value is the trial's total."""
 
+# Per-step metrics of training runs (orchestrator.train).
+STEP = "step"
+"""Optimizer steps done so far, this one included (the counter never resets on resume)."""
+EVENTS = "events"
+"""What happened since the last report: start (world size, resumed from), resplit, no_split."""
+ACCUMULATION_STEPS = "accumulation_steps"
+MICRO_BATCH = "micro_batch"
+GLOBAL_BATCH = "global_batch"
+SAMPLES_SEEN = "samples_seen"
+"""The data position: global samples consumed so far (the next step starts here)."""
+EXPOSED_COMM_S = "exposed_comm_s"
+"""Gradient sync not hidden behind compute: the syncing micro-step minus one without sync."""
+COMPUTE_S = "compute_s"
+"""Forward+backward of the step without the exposed communication."""
+GRAD_NORM = "grad_norm"
+LAYER_GRAD_NORMS = "layer_grad_norms"
+LOSS_SCALE = "loss_scale"
+LR = "lr"
+CHECKPOINT_STEP = "checkpoint_step"
+"""Set on the reports that carry a checkpoint: the step it resumes at."""
+
 # Trial-level metrics computed by the driver from the windows.
 SAMPLES_PER_S = "samples_per_s"
 """Global samples/s: global_batch / median step time (median over windows)."""

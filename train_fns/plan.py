@@ -43,6 +43,22 @@ def split_global_batch(global_batch: int, world_size: int, accumulation_steps: i
     return global_batch // per_step
 
 
+def resplit(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int] | None:
+    """``(accumulation_steps, micro_batch)`` for a new world size, global batch unchanged.
+
+    The tuned micro-batch shapes memory, so the new one is the largest that divides exactly
+    and does not exceed it (fewest accumulation steps); None when no split exists (the world
+    size does not divide the global batch).
+    """
+    if world_size < 1 or global_batch % world_size:
+        return None
+    per_rank = global_batch // world_size
+    for accumulation in range(1, per_rank + 1):
+        if per_rank % accumulation == 0 and per_rank // accumulation <= max_micro_batch:
+            return accumulation, per_rank // accumulation
+    return None
+
+
 @dataclass(frozen=True)
 class DDPOptions:
     """Knobs of ``torch.nn.parallel.DistributedDataParallel``; defaults are torch's."""
@@ -97,6 +113,13 @@ class TrialPlan:
     """Where a worker's watchdog leaves a hang marker before ending itself (driver reads it)."""
     fault: str | None = None
     """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way."""
+    max_grad_norm: float | None = None
+    """Clip gradients to this norm and skip a step whose norm is not finite (training runs;
+    the search leaves it off so trials time exactly the step a user would run)."""
+    first_step: int = 0
+    first_sample: int = 0
+    """The data position: step ``first_step`` starts at global sample ``first_sample``. A
+    training run that resumes, or changes its split, continues the stream exactly."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

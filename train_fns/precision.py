@@ -6,6 +6,7 @@ feature (TrialPlan already rejects fp16 on CPU workers).
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -30,6 +31,8 @@ class Precision:
         self.device = device
         self.dtype = AUTOCAST_DTYPES.get(plan.precision)
         self.scaler = torch.amp.GradScaler("cuda") if plan.precision == "fp16" else None
+        self.max_grad_norm = plan.max_grad_norm
+        self.last_grad_norm: float | None = None
         self._num_nonfinite = torch.zeros((), dtype=torch.int64, device=device)
 
     def autocast(self) -> AbstractContextManager:
@@ -50,6 +53,9 @@ class Precision:
         With GradScaler a step with inf/NaN gradients is skipped (and the scale lowered);
         without it a non-finite loss is only counted, as there is nothing to skip to.
         """
+        if self.max_grad_norm is not None:
+            self._clipped_step(optimizer)
+            return
         if self.scaler is None:
             optimizer.step()
             self._num_nonfinite += (~torch.isfinite(loss.detach())).to(torch.int64)
@@ -59,6 +65,35 @@ class Precision:
         self.scaler.update()
         if self.scaler.get_scale() < scale_before:  # update() lowers the scale on inf/NaN
             self._num_nonfinite += 1
+
+    def _clipped_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Training runs: clip to ``max_grad_norm`` and skip a step whose gradient norm is
+        inf/NaN (one host sync per step, which a training run can afford)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.last_grad_norm = norm
+        finite = math.isfinite(norm)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)  # skips by itself on inf/NaN and lowers the scale
+            self.scaler.update()
+        elif finite:
+            optimizer.step()
+        if not finite:
+            self._num_nonfinite += 1
+
+    def loss_scale(self) -> float | None:
+        """The fp16 loss scale (None without loss scaling)."""
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def scaler_state(self) -> dict | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_scaler_state(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     def num_nonfinite(self) -> int:
         """Non-finite steps since the last reset (one host sync)."""

@@ -15,7 +15,10 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("data", "fwd_bwd", "optim")
+PHASES = ("data", "fwd_bwd", "optim", "sync_micro")
+"""``sync_micro`` is the forward+backward of the last micro-step alone, the one that syncs
+gradients (it is also inside ``fwd_bwd``): set against a micro-step without sync, it gives
+the exposed communication."""
 
 
 class StepTimer:
@@ -27,27 +30,27 @@ class StepTimer:
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._step_start = 0.0
 
-    def _now(self) -> float:
+    def now(self) -> float:
         if self.sync_cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
 
     def start_step(self) -> None:
         self._current = dict.fromkeys(PHASES, 0.0)
-        self._step_start = self._now()
+        self._step_start = self.now()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Add the wall-clock of the ``with`` body to phase ``name`` of the current step."""
-        start = self._now()
+        start = self.now()
         try:
             yield
         finally:
-            self._current[name] = self._current.get(name, 0.0) + self._now() - start
+            self._current[name] = self._current.get(name, 0.0) + self.now() - start
 
     def end_step(self) -> float:
         """Close the step; returns its total wall-clock in seconds."""
-        total = self._now() - self._step_start
+        total = self.now() - self._step_start
         self._steps.append({**self._current, "total": total})
         return total
 

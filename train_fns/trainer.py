@@ -1,0 +1,229 @@
+"""One worker's training run between two starts of its worker group (see ``elastic``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train_fns import metrics as m
+from train_fns.adaptive import AdaptiveAccumulation, Split
+from train_fns.elastic import (
+    RNG_SCHEME,
+    RunSpec,
+    load_checkpoint,
+    mean_over_ranks,
+    plan_for_world,
+    read_state,
+    save_checkpoint,
+    split_of,
+    step_seed,
+    temp_checkpoint_dir,
+    wait_for_split,
+)
+from train_fns.gradients import layer_grad_norms
+from train_fns.loop import StepRunner, build_runner
+from train_fns.plan import TrialPlan
+from train_fns.watchdog import Watchdog
+
+Report = Callable[[dict[str, Any], Path | None], None]
+"""``report(metrics, checkpoint_dir)``: every rank calls it at the same steps."""
+
+
+class ElasticTrainer:
+    """Re-split, restore, train to ``spec.steps``, checkpoint; report every step."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        rank: int,
+        world: int,
+        device: torch.device,
+        report: Report,
+        checkpoint_dir: Path | None,
+    ) -> None:
+        self.spec, self.rank, self.world, self.device = spec, rank, world, device
+        self.report, self.checkpoint_dir = report, checkpoint_dir
+        self.template = TrialPlan.from_dict(spec.plan)
+        self.state: dict[str, Any] = {}
+        self.reference_s: float | None = None
+        self.events: list[dict[str, Any]] = []
+        self.layer_norms: dict[str, float] = {}
+
+    def run(self) -> None:
+        saved = self._saved_state()
+        plan = self._plan(saved)
+        runner, _ = build_runner(plan, self.rank, self.device)
+        self.adaptive = self._controller(plan, saved)
+        if self.checkpoint_dir is not None:
+            load_checkpoint(runner, self.checkpoint_dir)
+            runner.precision.load_scaler_state(saved.get("scaler"))
+        self.state = {"step": saved.get("step", 0), "samples_seen": saved.get("samples_seen", 0)}
+        self.events.append(self._start_event(plan, saved))
+        watchdog = Watchdog(self.rank, plan.step_deadline_s, marker_dir=None).start()
+        try:
+            for step in range(self.state["step"], self.spec.steps):
+                self._train_step(runner, step)
+                watchdog.beat()
+        finally:
+            watchdog.stop()
+
+    def _saved_state(self) -> dict[str, Any]:
+        return {} if self.checkpoint_dir is None else read_state(self.checkpoint_dir)
+
+    def _plan(self, saved: dict[str, Any]) -> TrialPlan:
+        """This world size's split (the adaptive controller's if it chose one for it), placed
+        at the saved data position."""
+        adaptive = saved.get("adaptive") or {}
+        split = Split(**adaptive["split"]) if adaptive.get("split") else None
+        plan = plan_for_world(self.template, self.world, self.spec.max_micro_batch, split)
+        if plan is None:
+            wait_for_split(self.spec, self.template, self.world, self._report_wait)
+        return dataclasses.replace(
+            plan, first_step=saved.get("step", 0), first_sample=saved.get("samples_seen", 0)
+        )
+
+    def _report_wait(self, metrics: dict[str, Any]) -> None:
+        self.report(metrics, None)
+
+    def _controller(self, plan: TrialPlan, saved: dict[str, Any]) -> AdaptiveAccumulation | None:
+        if self.spec.adaptive is None:
+            return None
+        controller = AdaptiveAccumulation(
+            split_of(plan), max_micro_batch=self.spec.max_micro_batch, **self.spec.adaptive
+        )
+        if saved.get("adaptive"):
+            controller.load_state(saved["adaptive"])
+            controller.split = split_of(plan)  # the world size may have changed since
+        return controller
+
+    def _start_event(self, plan: TrialPlan, saved: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "kind": "start",
+            "world_size": self.world,
+            "resumed_from_step": saved.get("step") if saved else None,
+            "checkpoint_world_size": saved.get("world_size"),
+            "accumulation_steps": plan.accumulation_steps,
+            "micro_batch": plan.micro_batch,
+            "global_batch": plan.global_batch,
+            "started_at": time.time(),
+        }
+
+    def _train_step(self, runner: StepRunner, step: int) -> None:
+        plan = runner.plan
+        if plan.accumulation_steps == 1 and step % self.spec.reference_every == 0:
+            self.reference_s = runner.nosync_reference(step)
+        torch.manual_seed(step_seed(plan.seed, step, self.rank))
+        probe = step % self.spec.grad_norm_every == 0
+        runner.before_optimizer = self._probe_gradients if probe else None
+        start = time.perf_counter()
+        loss = runner.run_step(step)
+        times = runner.timer.take_window()
+        seen = self.state["samples_seen"] + plan.global_batch
+        self.state = {"step": step + 1, "samples_seen": seen}
+        comm, compute = self._comm_split(times, plan)
+        mean_loss, comm, compute = mean_over_ranks([float(loss), comm, compute])
+        metrics = self._metrics(runner, step, times, mean_loss, comm, compute, start)
+        if self.adaptive is not None:
+            self._adapt(runner, comm, compute, step)
+        metrics[m.EVENTS] = self.events
+        self.events = []
+        self._report_step(runner, metrics)
+
+    def _comm_split(self, times: dict[str, float], plan: TrialPlan) -> tuple[float, float]:
+        """Exposed communication and compute of this step, measured: the syncing micro-step
+        against one without sync (an accumulation micro-step, or the periodic reference)."""
+        accumulation = plan.accumulation_steps
+        if accumulation > 1:
+            nosync = (times["fwd_bwd"] - times["sync_micro"]) / (accumulation - 1)
+        elif self.reference_s is not None:
+            nosync = self.reference_s
+        else:
+            return 0.0, times["fwd_bwd"]
+        exposed = max(0.0, times["sync_micro"] - nosync)
+        return exposed, times["fwd_bwd"] - exposed
+
+    def _metrics(self, runner, step, times, loss, comm, compute, start) -> dict[str, Any]:
+        plan, precision = runner.plan, runner.precision
+        step_s = time.perf_counter() - start
+        metrics = {
+            m.STEP: step + 1,
+            m.LOSS: loss,
+            m.STEP_TIME_S: step_s,
+            m.SAMPLES_PER_S: plan.global_batch / step_s,
+            m.WORLD_SIZE: self.world,
+            m.ACCUMULATION_STEPS: plan.accumulation_steps,
+            m.MICRO_BATCH: plan.micro_batch,
+            m.GLOBAL_BATCH: plan.global_batch,
+            m.SAMPLES_SEEN: self.state["samples_seen"],
+            m.DATA_S: times["data"],
+            m.OPTIM_S: times["optim"],
+            m.EXPOSED_COMM_S: comm,
+            m.COMPUTE_S: compute,
+            m.GRAD_NORM: precision.last_grad_norm,
+            m.NUM_NONFINITE: precision.num_nonfinite(),
+            m.LOSS_SCALE: precision.loss_scale(),
+            m.LR: runner.optimizer.param_groups[0]["lr"],
+        }
+        if runner.before_optimizer is not None:
+            metrics[m.LAYER_GRAD_NORMS] = self.layer_norms
+        return metrics
+
+    def _probe_gradients(self, runner: StepRunner) -> None:
+        """Per-layer gradient norms of this step, before clipping (every rank takes part)."""
+        self.layer_norms = layer_grad_norms(runner.model)
+
+    def _adapt(self, runner: StepRunner, comm: float, compute: float, step: int) -> None:
+        change = self.adaptive.observe(comm, compute)
+        if change is None:
+            return
+        split, ratio = change
+        old = runner.plan
+        new = dataclasses.replace(
+            old, accumulation_steps=split.accumulation_steps, micro_batch=split.micro_batch,
+            global_batch=split.global_batch, lr=split.lr, max_grad_norm=split.max_grad_norm,
+            first_step=step + 1, first_sample=self.state["samples_seen"],
+        )  # fmt: skip
+        runner.plan = runner.source.plan = new
+        runner.precision.max_grad_norm = split.max_grad_norm
+        for group in runner.optimizer.param_groups:
+            group["lr"] = split.lr
+        self.events.append({
+            "kind": "resplit", "step": step + 1, "ratio": ratio,
+            "from": [old.accumulation_steps, old.micro_batch, old.global_batch],
+            "to": [new.accumulation_steps, new.micro_batch, new.global_batch],
+            "lr": split.lr, "max_grad_norm": split.max_grad_norm,
+        })  # fmt: skip
+
+    def _report_step(self, runner: StepRunner, metrics: dict[str, Any]) -> None:
+        step = self.state["step"]
+        if step % self.spec.checkpoint_every and step != self.spec.steps:
+            self.report(metrics, None)
+            return
+        directory = temp_checkpoint_dir()
+        try:
+            save_checkpoint(runner, self._checkpoint_state(runner), directory)
+            metrics[m.CHECKPOINT_STEP] = step
+            self.report(metrics, directory)
+        finally:
+            if dist.is_initialized():
+                dist.barrier()  # every rank's shard is persisted before any temp dir goes
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _checkpoint_state(self, runner: StepRunner) -> dict[str, Any]:
+        return {
+            **self.state,
+            "world_size": self.world,
+            "split": [runner.plan.accumulation_steps, runner.plan.micro_batch],
+            "global_batch": runner.plan.global_batch,
+            "scaler": runner.precision.scaler_state(),
+            "adaptive": None if self.adaptive is None else self.adaptive.state(),
+            "rng": RNG_SCHEME,
+            "saved_at": time.time(),
+        }
