@@ -139,6 +139,61 @@ class SearchConfig:
             )
 
 
+ON_NO_SPLIT = ("wait", "fail")
+_TRAIN_POSITIVE = (
+    "steps", "checkpoint_every", "max_grad_norm", "max_accumulation", "adaptive_window",
+    "resize_check_s", "start_timeout_s", "grad_norm_every", "log_every",
+)  # fmt: skip
+
+
+@dataclass
+class TrainConfig:
+    """How ``orchestrator.train`` runs the configuration for real."""
+
+    steps: int = 100
+    """Optimizer steps in all; a resumed run ends at exactly this many."""
+    checkpoint_every: int = 20
+    min_workers: int | None = None
+    max_workers: int | None = None
+    """Elastic range (``--workers MIN:MAX``); both null: cluster.num_workers, fixed."""
+    max_failures: int = 3
+    """Worker-group failures recovered from the latest checkpoint before the run gives up."""
+    max_grad_norm: float = 1.0
+    on_no_split: str = "wait"
+    """A world size that cannot carry the global batch exactly: ``wait`` for another size
+    (the elastic monitor restarts the group when the cluster changes) or ``fail``."""
+    adaptive: bool = False
+    """Adapt the accumulation split to the measured comm/compute ratio (opt-in)."""
+    allow_global_batch_change: bool = False
+    """With ``adaptive``: change the global batch (linear LR scaling, clipping with sqrt)
+    instead of re-splitting it."""
+    max_accumulation: int = 8
+    adaptive_window: int = 10
+    resize_check_s: float = 10.0
+    """How often Ray's elastic monitor looks for room to grow the worker group."""
+    start_timeout_s: float = 30.0
+    """A worker group that cannot start in this long is retried at the size the cluster has
+    now (after a node loss Ray first asks for the old size: Ray's default is 60 s)."""
+    grad_norm_every: int = 10
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for key in _TRAIN_POSITIVE:
+            _check_positive(f"train.{key}", getattr(self, key))
+        _check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
+        if self.max_failures < 0:
+            raise ConfigError("train.max_failures", f"got {self.max_failures}; use 0 or more")
+        if (self.min_workers is None) != (self.max_workers is None):
+            raise ConfigError(
+                "train.min_workers", "set both min_workers and max_workers, or neither"
+            )
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.max_workers:
+            raise ConfigError(
+                "train.min_workers",
+                f"need 1 <= min_workers <= max_workers, got {self.min_workers}:{self.max_workers}",
+            )
+
+
 @dataclass
 class Config:
     """The whole configuration; ``best.yaml`` is one of these, written back out."""
@@ -150,6 +205,7 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     env: dict[str, str] = field(default_factory=dict)
     """Fixed environment variables for every trial's workers (allow-listed names only)."""
     tuned: dict[str, Any] = field(default_factory=dict)

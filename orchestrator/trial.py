@@ -67,18 +67,36 @@ def derive_plan(
     cfg = ctx.config
     knobs = {**cfg.tuned, **ctx.space.knobs(params)}
     env = {**cfg.env, **ctx.space.env_vars(params)}
-    world = cfg.cluster.num_workers
+    plan = plan_from_config(
+        cfg,
+        ctx.task,
+        ctx.use_gpu,
+        knobs,
+        cfg.cluster.num_workers,
+        warmup_steps=cfg.search.warmup_steps,
+        measure_steps=cfg.search.measure_steps,
+        num_windows=cfg.search.windows,
+        env_names=tuple(sorted(set(env) | set(filter(is_env_name, ctx.space.param_names)))),
+        fault=fault,
+    )
+    return plan, env
+
+
+def plan_from_config(
+    cfg: Config, task: str, use_gpu: bool, knobs: dict[str, Any], world: int, **extra: Any
+) -> TrialPlan:
+    """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
+    ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
     accumulation = int(knobs.get("accumulation_steps", 1))
-    micro = split_global_batch(cfg.workload.global_batch, world, accumulation)
     ddp_defaults = DDPOptions()
-    plan = TrialPlan(
+    return TrialPlan(
         model=cfg.workload.model,
-        task=ctx.task,
+        task=task,
         seq_len=cfg.workload.seq_len,
         global_batch=cfg.workload.global_batch,
         world_size=world,
         accumulation_steps=accumulation,
-        micro_batch=micro,
+        micro_batch=split_global_batch(cfg.workload.global_batch, world, accumulation),
         strategy=knobs.get("strategy", cfg.strategy if cfg.strategy != "search" else "ddp"),
         precision=cfg.workload.precision,
         ddp=DDPOptions(
@@ -95,17 +113,12 @@ def derive_plan(
         model_overrides=dict(cfg.workload.model_overrides),
         data=cfg.workload.data,
         tokenizer=cfg.workload.tokenizer,
-        use_gpu=ctx.use_gpu,
+        use_gpu=use_gpu,
         lr=cfg.workload.lr,
         seed=cfg.search.seed,
-        warmup_steps=cfg.search.warmup_steps,
-        measure_steps=cfg.search.measure_steps,
-        num_windows=cfg.search.windows,
         step_deadline_s=cfg.search.step_deadline_s,
-        env_names=tuple(sorted(set(env) | set(filter(is_env_name, ctx.space.param_names)))),
-        fault=fault,
+        **extra,
     )
-    return plan, env
 
 
 def run_trial(params: dict[str, Any], ctx: TrialContext) -> None:

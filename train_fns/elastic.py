@@ -20,7 +20,7 @@ import dataclasses
 import json
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,9 @@ class RunSpec:
     """Without accumulation, every this many steps one extra no-sync micro-step is timed to
     tell exposed communication from compute (costs one micro-step each time)."""
     grad_norm_every: int = 10
-    events: list[dict[str, Any]] = field(default_factory=list)
+    report_every: int = 10
+    progress_file: str | None = None
+    """Rank 0 writes the last finished step here (a path the driver can read)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,8 +129,8 @@ def wait_for_split(spec: RunSpec, template: TrialPlan, world: int, report: Any) 
     if spec.on_no_split == "fail":
         raise NoSplit(f"{message}; rerun with --workers sizes that divide it")
     while True:
-        report({m.EVENT: {"kind": "no_split", "message": message + "; waiting for a size "
-                          "that has one"}, m.WORLD_SIZE: world})  # fmt: skip
+        event = {"kind": "no_split", "message": f"{message}; waiting for a size that has one"}
+        report({m.ROWS: [{m.EVENTS: [event], m.WORLD_SIZE: world}]})
         time.sleep(NO_SPLIT_POLL_S)
 
 

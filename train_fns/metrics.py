@@ -33,6 +33,8 @@ scaling whose gradients, were inf/NaN; the last window's value is the trial's to
 # Per-step metrics of training runs (orchestrator.train).
 STEP = "step"
 """Optimizer steps done so far, this one included (the counter never resets on resume)."""
+ROWS = "rows"
+"""A training report holds the per-step metrics of the steps since the previous report."""
 EVENTS = "events"
 """What happened since the last report: start (world size, resumed from), resplit, no_split."""
 ACCUMULATION_STEPS = "accumulation_steps"
@@ -48,6 +50,9 @@ GRAD_NORM = "grad_norm"
 LAYER_GRAD_NORMS = "layer_grad_norms"
 LOSS_SCALE = "loss_scale"
 LR = "lr"
+WALL_TIME = "wall_time"
+"""Worker wall clock (epoch seconds) when the step finished: recovery times are measured
+against it."""
 CHECKPOINT_STEP = "checkpoint_step"
 """Set on the reports that carry a checkpoint: the step it resumes at."""
 

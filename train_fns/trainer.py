@@ -55,6 +55,7 @@ class ElasticTrainer:
         self.reference_s: float | None = None
         self.events: list[dict[str, Any]] = []
         self.layer_norms: dict[str, float] = {}
+        self.pending: list[dict[str, Any]] = []
 
     def run(self) -> None:
         saved = self._saved_state()
@@ -154,6 +155,7 @@ class ElasticTrainer:
         step_s = time.perf_counter() - start
         metrics = {
             m.STEP: step + 1,
+            m.WALL_TIME: time.time(),
             m.LOSS: loss,
             m.STEP_TIME_S: step_s,
             m.SAMPLES_PER_S: plan.global_batch / step_s,
@@ -202,19 +204,33 @@ class ElasticTrainer:
         })  # fmt: skip
 
     def _report_step(self, runner: StepRunner, metrics: dict[str, Any]) -> None:
+        """Steps are reported in batches (a Ray Train report waits for the controller, far
+        longer than a small step); checkpoints at their steps, with the batch."""
         step = self.state["step"]
-        if step % self.spec.checkpoint_every and step != self.spec.steps:
-            self.report(metrics, None)
+        self._mark_progress(step)
+        self.pending.append(metrics)
+        checkpoint = step % self.spec.checkpoint_every == 0 or step == self.spec.steps
+        if not checkpoint and step % self.spec.report_every:
+            return
+        batch, self.pending = {m.ROWS: self.pending}, []
+        if not checkpoint:
+            self.report(batch, None)
             return
         directory = temp_checkpoint_dir()
         try:
             save_checkpoint(runner, self._checkpoint_state(runner), directory)
             metrics[m.CHECKPOINT_STEP] = step
-            self.report(metrics, directory)
+            self.report(batch, directory)
         finally:
             if dist.is_initialized():
                 dist.barrier()  # every rank's shard is persisted before any temp dir goes
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _mark_progress(self, step: int) -> None:
+        """Rank 0 notes each finished step where the driver can read it after a failure (the
+        steps re-done by a recovery are counted from it, not from the last batch)."""
+        if self.rank == 0 and self.spec.progress_file:
+            Path(self.spec.progress_file).write_text(str(step))
 
     def _checkpoint_state(self, runner: StepRunner) -> dict[str, Any]:
         return {

@@ -34,10 +34,10 @@ def spec(steps: int, every: int, **plan_changes: object) -> dict:
 def _train(rank: int, world: int, spec_dict: dict, resume: str | None, root: str) -> list[dict]:
     reports: list[dict] = []
 
-    def report(metrics: dict, directory: Path | None) -> None:
-        reports.append(metrics)
+    def report(batch: dict, directory: Path | None) -> None:
+        reports.extend(batch[m.ROWS])
         if directory is not None:
-            target = Path(root) / f"step_{metrics[m.STEP]}"
+            target = Path(root) / f"step_{reports[-1][m.STEP]}"
             shutil.copytree(directory, target, dirs_exist_ok=True)
 
     ElasticTrainer(

@@ -1,0 +1,148 @@
+"""``orchestrator.train`` for real: resume after the driver is killed, recovery from a killed
+worker, and an elastic run that loses a node and gets it back (ray.cluster_utils.Cluster; slow,
+about 150 s: ``pytest -m slow``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _heads import ROOT, leftovers
+
+SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
+
+
+def start(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.train", *SMOKE, "--out", str(out), *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def rows(out: Path) -> list[dict[str, str]]:
+    path = out / "progress.csv"
+    return list(csv.DictReader(path.open())) if path.exists() else []
+
+
+def wait_for(out: Path, predicate, timeout_s: float = 240) -> list[dict[str, str]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = rows(out)
+        if found and predicate(found):
+            return found
+        time.sleep(0.5)
+    raise TimeoutError(f"progress in {out} never got there: {rows(out)[-3:]}")
+
+
+def finish(process: subprocess.Popen, timeout_s: float = 400) -> str:
+    output, _ = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("whole")
+    finish(start(out, "--steps", "40"))
+    return summary(out)
+
+
+def test_killed_driver_resumes_to_the_same_final_loss(uninterrupted: dict, tmp_path: Path) -> None:
+    process = start(tmp_path, "--steps", "40")
+    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 25)  # a checkpoint at step 20 exists
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    refused = subprocess.run(
+        [sys.executable, "-m", "orchestrator.train", *SMOKE, "--steps", "40", "--out",
+         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    output = finish(start(tmp_path, "--steps", "40", "--resume"))
+    assert "resuming from step" in output
+    resumed = summary(tmp_path)
+    assert resumed["steps"] == 40
+    assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
+    starts = [e for e in events(tmp_path) if e["kind"] == "start"]
+    resumed_from = starts[-1]["resumed_from_step"]
+    assert resumed_from in (20, 30)  # the latest checkpoint before the kill
+    after = [int(r["step"]) for r in rows(tmp_path) if r["attempt"] == "1"][-(40 - resumed_from) :]
+    assert after == list(range(resumed_from + 1, 41))  # nothing skipped, nothing repeated
+
+
+def test_killed_worker_is_recovered_from_the_latest_checkpoint(
+    uninterrupted: dict, tmp_path: Path
+) -> None:
+    process = start(tmp_path, "--steps", "40", "--max-failures", "2")
+    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)
+    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert pids, "no Ray Train worker process found"
+    os.kill(pids[-1], signal.SIGKILL)
+    output = finish(process)
+    result = summary(tmp_path)
+    assert result["steps"] == 40 and len(result["restarts"]) == 1, output[-3000:]
+    restart = result["restarts"][0]
+    assert restart["reason"] == "worker died" and restart["resumed_from"] in (10, 20)
+    assert result["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
+    assert not leftovers()
+
+
+@pytest.fixture
+def three_nodes() -> Iterator[object]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1"},
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -> None:
+    cluster = three_nodes
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    process = start(
+        tmp_path, "--steps", "240", "--workers", "1:2", "--address", cluster.address,
+        "--set", "train.resize_check_s=2", "--set", "train.start_timeout_s=10",
+    )  # fmt: skip
+    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)
+    removed_at = time.time()
+    cluster.remove_node(nodes[1])
+    shrunk = wait_for(tmp_path, lambda rs: any(r["world_size"] == "1" for r in rs))
+    first_alone = next(r for r in shrunk if r["world_size"] == "1")
+    cluster.add_node(num_cpus=1)
+    wait_for(tmp_path, lambda rs: any(r["world_size"] == "2" and r["attempt"] == "3" for r in rs))
+    output = finish(process)
+    result = summary(tmp_path)
+    assert result["steps"] == 240, output[-3000:]
+    reasons = [r["reason"] for r in result["restarts"]]
+    assert len(reasons) == 2 and reasons[1] == "node added: scaled up", reasons
+    alone = [r for r in rows(tmp_path) if r["world_size"] == "1"]
+    assert {(r["global_batch"], r["accumulation_steps"], r["micro_batch"]) for r in alone} == {
+        ("16", "2", "8")  # one worker: the same global batch, accumulation doubled
+    }
+    print(
+        f"node loss -> first step on 1 worker: {float(first_alone['wall_time']) - removed_at:.1f}s;"
+        f" restarts: {[r['line'] for r in result['restarts']]}"
+    )
