@@ -36,13 +36,22 @@ def trial_line(number: int, result: dict[str, Any], params: dict[str, Any]) -> s
         figure = (
             f"{result[m.SAMPLES_PER_S]:8.2f} samples/s (cv {result[m.THROUGHPUT_CV]:.1%}, "
             f"step {result[m.STEP_TIME_S] * 1000:.0f} ms, "
-            f"peak {result[m.PEAK_MEM_BYTES] / 2**20:.0f} MiB)"
+            f"peak {result[m.PEAK_MEM_BYTES] / 2**20:.0f} MiB{comm_text(result)})"
         )
     else:
         figure = f"{state.upper():>8}: {result.get(m.REASON, '')}"
     wall = result.get("trial_wall_s")
     took = f" [{wall:.0f}s]" if wall is not None else ""
     return f"trial {number:3d} {figure}{took}  {{{shown}}}"
+
+
+def comm_text(result: dict[str, Any]) -> str:
+    """Measured exposed communication, and the cost model's bound when a probe ran."""
+    if result.get(m.EXPOSED_COMM_S) is None:
+        return ""
+    text = f", comm {result[m.EXPOSED_COMM_S] * 1e3:.0f} ms exposed = {result[m.COMM_FRACTION]:.0%}"
+    bound = result.get("comm_bound_s")
+    return text + (f", bound {bound * 1e3:.0f} ms at the probed bandwidth" if bound else "")
 
 
 class ProgressPrinter(Callback):

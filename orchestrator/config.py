@@ -113,6 +113,11 @@ class SearchConfig:
     """Stop starting trials after this many minutes (the running one finishes)."""
     remeasure_top: int = 3
     """Re-measure this many of the best configs interleaved with the baseline at the end."""
+    scaling_baseline: bool = True
+    """Measure the baseline once on a single worker, for scaling efficiency
+    ``throughput(N) / (N x throughput(1))``."""
+    probe: bool = False
+    """Run the bandwidth probe (orchestrator.probe) once before the trials; probe.csv."""
 
     def __post_init__(self) -> None:
         _check_positive("search.trials", self.trials)

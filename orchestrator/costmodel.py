@@ -373,3 +373,17 @@ def rank_candidates(
     ranked = [(predict_throughput(c, *setting, **options), c) for c in candidates]
     ranked.sort(key=lambda pair: -pair[0])  # sort is stable: ties keep input order
     return ranked
+
+
+def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
+    """The link a probe measured: the bus bandwidth of its largest all-reduce, and the latency
+    of its smallest divided by that all-reduce's sequential steps (None: no all-reduce rows)."""
+    reduce = sorted(
+        (r for r in rows if r.get("op") == "all_reduce"), key=lambda r: float(r["size_bytes"])
+    )
+    if not reduce:
+        return None
+    n = int(reduce[0]["world_size"])
+    bandwidth = float(reduce[-1]["busbw_gbps"]) * 1e9
+    latency = float(reduce[0]["time_s"]) / max(1, latency_steps("all_reduce", n))
+    return Link(bandwidth, latency, f"probe ({reduce[0].get('backend', '?')})")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator import study
+from orchestrator import explain, study
 from orchestrator.config import ClusterConfig, Config, ConfigError
 from orchestrator.results import baseline_record, records, write_outputs
 from orchestrator.trial import TrialContext, storage_dir
@@ -128,14 +128,21 @@ def run_search(
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
-        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults)
+        info = explain.write_run_info(out, space.context, {})
+        if config.search.probe and not resume:
+            explain.probe(config, out)
+        link = explain.probed_link(out)
+        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults, link)
         storage = study.open_storage(config, out)
         ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
         if ran:
+            info = explain.write_run_info(out, space.context, explain.scaling(ctx, recs, deadline))
             comparisons = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, comparisons)
+        lines += explain.scaling_lines(recs, space.baseline(), info)
+        lines.append(explain.write_report(out))
         return lines, baseline_record(recs, space.baseline()) is not None
     except SpaceError as e:  # e.g. a grid too large for this cluster's context
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e

@@ -40,6 +40,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
     }
     last = windows[-1]
     return {
+        **comm_split(windows),
         m.SAMPLES_PER_S: median_tp,
         m.TOKENS_PER_S: median_tp * plan.seq_len,
         m.THROUGHPUT_CV: cv,
@@ -49,8 +50,31 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
         m.ENV_SEEN: {str(w[m.RANK]): w[m.ENV_SEEN] for w in last},
         m.SETUP_S: max((w.get(m.SETUP_S) or {} for w in windows[0]), key=lambda s: sum(s.values())),
         m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
+        m.NUM_PARAMS: max(w.get(m.NUM_PARAMS, 0) for w in last),
         "num_windows": len(windows),
         "window_samples_per_s": throughputs,
+    }
+
+
+def comm_split(windows: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """Exposed communication and compute of a step, measured (medians over windows).
+
+    Per rank, exposed communication is the syncing micro-step minus one without sync (never
+    below 0); a synchronous step waits for its slowest rank, so a window takes the largest.
+    """
+    if any(m.NOSYNC_MICRO_S not in w for ranks in windows for w in ranks):
+        return {}
+    exposed, compute = [], []
+    for ranks in windows:
+        comm = max(max(0.0, w[m.SYNC_MICRO_S] - w[m.NOSYNC_MICRO_S]) for w in ranks)
+        exposed.append(comm)
+        compute.append(max(w[m.FWD_BWD_S] for w in ranks) - comm)
+    comm_s, compute_s = statistics.median(exposed), statistics.median(compute)
+    total = comm_s + compute_s
+    return {
+        m.EXPOSED_COMM_S: comm_s,
+        m.COMPUTE_S: compute_s,
+        m.COMM_FRACTION: comm_s / total if total > 0 else 0.0,
     }
 
 

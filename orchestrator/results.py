@@ -35,6 +35,10 @@ _CSV_METRICS = (
     m.DATA_S,
     m.FWD_BWD_S,
     m.OPTIM_S,
+    m.EXPOSED_COMM_S,
+    m.COMPUTE_S,
+    m.COMM_FRACTION,
+    "comm_bound_s",
     m.LOSS,
 )
 

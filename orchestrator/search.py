@@ -49,6 +49,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang",
     )
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="rank candidate configs with the cost model; no cluster, nothing measured",
+    )
+    p.add_argument("--link", default="nvlink_a100", help="dry run: pcie_v100, nvlink_a100, ...")
+    p.add_argument("--nodes", type=int, default=1, help="dry run: nodes the ranks span")
+    p.add_argument("--tflops", type=float, default=100.0, help="dry run: TFLOP/s per rank")
     return p.parse_args(argv)
 
 
@@ -126,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"commtune: error: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from orchestrator.dryrun import dry_run
+
+        try:
+            print("\n".join(dry_run(config, args.link, args.nodes, args.tflops)))
+        except ConfigError as e:
+            print(f"commtune: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.monotonic()

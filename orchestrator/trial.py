@@ -44,6 +44,8 @@ class TrialContext:
     task: str
     """mlm or clm, resolved once on the driver (a trial may run where a local model is not)."""
     faults: dict[int, str] = field(default_factory=dict)
+    link: Any = None
+    """The costmodel Link the probe measured (None: no probe): each trial's bound."""
 
 
 def resolve_task(config: Config) -> str:
@@ -151,6 +153,10 @@ def _run(params: dict[str, Any], ctx: TrialContext, number: int) -> dict[str, An
     )
     result["env"] = env
     result["plan"] = plan.to_dict()
+    if result.get(m.STATE) == m.COMPLETE:
+        from orchestrator.explain import comm_bound
+
+        result.update(comm_bound(plan, result.get(m.NUM_PARAMS, 0), ctx.link))
     return result
 
 

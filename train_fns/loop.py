@@ -67,6 +67,7 @@ class StepRunner:
     fault: str | None
     before_optimizer: Callable[[StepRunner], None] | None = None
     """Called between the last backward and the optimizer step (gradient probes)."""
+    num_params: int = 0
 
     def run_step(self, step: int) -> Tensor:
         """One optimizer step; returns its mean loss (a device tensor: no host sync per step)."""
@@ -129,12 +130,21 @@ def _block_forever() -> None:
         time.sleep(60)
 
 
+def _nosync_micro_s(runner: StepRunner, times: dict[str, float], step: int) -> float:
+    """A micro-step's forward+backward without gradient sync: from the accumulation
+    micro-steps, or (no accumulation) one extra micro-step timed after the window."""
+    accumulation = runner.plan.accumulation_steps
+    if accumulation > 1:
+        return (times["fwd_bwd"] - times["sync_micro"]) / (accumulation - 1)
+    return runner.nosync_reference(step)
+
+
 def _window_metrics(
-    runner: StepRunner, window: int, world_size: int, loss: Tensor, setup: dict[str, float]
+    runner: StepRunner, step: int, world_size: int, loss: Tensor, setup: dict[str, float]
 ) -> dict:
     times = runner.timer.take_window()
     return {
-        m.WINDOW: window,
+        m.WINDOW: window_ends(runner.plan).index(step + 1),
         m.RANK: runner.rank,
         m.WORLD_SIZE: world_size,
         m.NUM_STEPS: int(times["num_steps"]),
@@ -142,11 +152,14 @@ def _window_metrics(
         m.DATA_S: times["data"],
         m.FWD_BWD_S: times["fwd_bwd"],
         m.OPTIM_S: times["optim"],
+        m.SYNC_MICRO_S: times["sync_micro"],
+        m.NOSYNC_MICRO_S: _nosync_micro_s(runner, times, step),
         m.LOSS: _mean_across_ranks(loss),
         m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),
+        m.NUM_PARAMS: runner.num_params,
     }
 
 
@@ -156,6 +169,7 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
     start = time.perf_counter()
     model = build_model(plan)
     config = model.config
+    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model_build_s = time.perf_counter() - start
     start = time.perf_counter()
     model = wrap_model(model, plan, device)
@@ -173,6 +187,7 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
         timer=StepTimer(device),
         fault=plan.fault if rank == plan.world_size - 1 else None,
     )
+    runner.num_params = num_params
     setup = {"model_build_s": model_build_s, "wrap_s": wrap_s, "warmup_s": 0.0}
     return runner, setup
 
@@ -217,6 +232,6 @@ def run_training(
                 runner.timer.take_window()  # warm-up steps are never measured
                 runner.precision.reset_num_nonfinite()
             if step + 1 in ends:
-                report(_window_metrics(runner, ends.index(step + 1), world_size, loss, setup))
+                report(_window_metrics(runner, step, world_size, loss, setup))
     finally:
         watchdog.stop()

@@ -20,11 +20,14 @@ EXPECTED_KEYS = {
     m.DATA_S,
     m.FWD_BWD_S,
     m.OPTIM_S,
+    m.SYNC_MICRO_S,
+    m.NOSYNC_MICRO_S,
     m.LOSS,
     m.PEAK_MEM_BYTES,
     m.ENV_SEEN,
     m.SETUP_S,
     m.NUM_NONFINITE,
+    m.NUM_PARAMS,
 }
 ENV_NAMES = ("NCCL_SOCKET_NTHREADS", "NCCL_UNSET_FOR_TEST")
 CONFIGS = {
@@ -88,3 +91,25 @@ def test_every_rank_reports_every_window(
     # The loss is averaged across ranks, so every rank reports the same value.
     losses = [[r[m.LOSS] for r in results[config]] for results in reports_by_rank]
     assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_step_time_decomposes_into_its_measured_parts(
+    config: str, reports_by_rank: list[dict[str, list]]
+) -> None:
+    """data + fwd_bwd + optim covers the step (medians of 2-3 steps: within a few percent), and
+    the syncing micro-step and its no-sync twin are both measured."""
+    from orchestrator.outcome import comm_split
+
+    for results in reports_by_rank:
+        for report in results[config]:
+            parts = report[m.DATA_S] + report[m.FWD_BWD_S] + report[m.OPTIM_S]
+            assert parts == pytest.approx(report[m.STEP_TIME_S], rel=0.05)
+            assert 0 < report[m.SYNC_MICRO_S] <= report[m.FWD_BWD_S]
+            assert report[m.NOSYNC_MICRO_S] > 0
+    windows = [list(ranks) for ranks in zip(*(r[config] for r in reports_by_rank), strict=True)]
+    for ranks in windows:  # the slowest rank's fwd+bwd = its exposed comm + its compute
+        split = comm_split([ranks])
+        fwd_bwd = max(w[m.FWD_BWD_S] for w in ranks)
+        assert split[m.EXPOSED_COMM_S] + split[m.COMPUTE_S] == pytest.approx(fwd_bwd)
+        assert 0 <= split[m.COMM_FRACTION] < 1

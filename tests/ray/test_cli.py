@@ -1,8 +1,10 @@
-"""The smoke preset end to end through the CLI, as a user runs it."""
+"""The smoke preset end to end through the CLI, as a user runs it (with the probe, the
+single-worker baseline and the report)."""
 
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,8 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
             str(out),
             "--set",
             "search.prune=false",
+            "--set",
+            "search.probe=true",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -39,10 +43,21 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert "x baseline (spread" in proc.stdout
     for name in ("best.yaml", "best.env", "trials.csv", "study.db", "remeasure.csv"):
         assert (out / name).is_file(), name
+    assert "scaling: baseline" in proc.stdout and "efficiency" in proc.stdout, proc.stdout
+    assert "bound" in proc.stdout and "exposed" in proc.stdout  # the cost model vs measured
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["backend"] == "gloo" and info["single_worker_samples_per_s"] > 0
+    assert info["grad_bytes"] > 0
+    assert {r["op"] for r in csv.DictReader((out / "probe.csv").open())} == {
+        "all_reduce", "all_gather", "reduce_scatter",
+    }  # fmt: skip
+    report = (out / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 4 and "https://" not in report
 
     rows = list(csv.DictReader((out / "trials.csv").open()))
     assert [int(r["number"]) for r in rows] == [0, 1, 2]
     assert rows[0]["state"] == "complete" and float(rows[0]["samples_per_s"]) > 0
+    assert 0 <= float(rows[0]["comm_fraction"]) < 1 and float(rows[0]["compute_s"]) > 0
     assert all(r["state"] for r in rows)
 
     best = load_config(str(out / "best.yaml"))

@@ -194,3 +194,20 @@ def test_rejects_nonsense() -> None:
         comm_per_step("ddp", BERT.num_params, 4, 0, 1, True, NET_100G)
     with pytest.raises(ValueError, match="bandwidth"):
         Link(0.0, 1e-6)
+
+
+def test_link_from_probe_rows() -> None:
+    from orchestrator.costmodel import link_from_probe
+
+    rows = [
+        {"op": "all_gather", "size_bytes": "1024", "world_size": "2", "time_s": "1",
+         "busbw_gbps": "9"},
+        {"op": "all_reduce", "size_bytes": "67108864", "world_size": "2", "time_s": "0.05",
+         "busbw_gbps": "1.25", "backend": "gloo"},
+        {"op": "all_reduce", "size_bytes": "1024", "world_size": "2", "time_s": "0.0002",
+         "busbw_gbps": "0.005", "backend": "gloo"},
+    ]  # fmt: skip
+    link = link_from_probe(rows)
+    assert link.bandwidth_bytes_per_s == 1.25e9  # the largest all-reduce's bus bandwidth
+    assert link.latency_s == pytest.approx(0.0002 / 2)  # ring on 2 ranks: 2 sequential steps
+    assert link_from_probe(rows[:1]) is None

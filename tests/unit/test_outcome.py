@@ -103,3 +103,11 @@ def test_oom_wins_over_the_collective_errors_it_causes() -> None:
         }
     )
     assert classify_failure(exc, PLAN)[0] == m.OOM
+
+
+def test_trial_line_shows_exposed_comm_and_its_bound() -> None:
+    from orchestrator.callbacks import comm_text
+
+    result = {"exposed_comm_s": 0.012, "comm_fraction": 0.25, "comm_bound_s": 0.008}
+    assert comm_text(result) == ", comm 12 ms exposed = 25%, bound 8 ms at the probed bandwidth"
+    assert comm_text({}) == ""
