@@ -68,13 +68,16 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def plan_for_world(template: TrialPlan, world: int, max_micro: int, split: Split | None = None):
-    """The template re-split for ``world`` workers (None: no exact split exists)."""
+    """The split for ``world`` workers: the adaptive controller's if it chose one for this
+    size, the tuned one at the tuned size, else a re-split (None: no exact split exists)."""
     if split is not None and split.world_size == world:
         accumulation, micro = split.accumulation_steps, split.micro_batch
         return dataclasses.replace(
             template, world_size=world, accumulation_steps=accumulation, micro_batch=micro,
             global_batch=split.global_batch, lr=split.lr, max_grad_norm=split.max_grad_norm,
         )  # fmt: skip
+    if world == template.world_size:
+        return template  # the tuned split, as measured
     found = resplit(template.global_batch, world, max_micro)
     if found is None:
         return None
