@@ -1,6 +1,6 @@
 """``python -m orchestrator.submit``: run commtune on a cluster as a Ray job, and follow it.
 
-    python -m orchestrator.submit [--address URL] search [search args...] [--follow]
+    python -m orchestrator.submit [--address URL] search|train [its args...] [--follow]
     python -m orchestrator.submit status|logs|stop JOB_ID
     python -m orchestrator.submit fetch JOB_ID [--dest DIR]
 
@@ -38,7 +38,7 @@ from search_spaces import SpaceError
 from search_spaces._env import check_env
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = {"search": "orchestrator.search"}
+COMMANDS = {"search": "orchestrator.search", "train": "orchestrator.train"}
 """Job kinds: what a user may run on the cluster through this tool."""
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 DEFAULT_RESULTS_ROOT = "~/commtune-runs"
@@ -185,11 +185,12 @@ def job_env(pairs: list[str]) -> dict[str, str]:
 
 def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:
     """The job's argv, validated here as the cluster would, and its output folder there."""
-    from orchestrator import search
+    import importlib
 
     job_args = list(args.job_args)
-    parsed = search.parse_args(job_args)
-    search.check(parsed)
+    module = importlib.import_module(COMMANDS[args.command])
+    parsed = module.parse_args(job_args)
+    module.check(parsed)
     if parsed.config:
         job_args = relocate(job_args, parsed.config, args)
     if not parsed.address:  # a job's driver joins the cluster it runs on

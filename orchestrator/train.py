@@ -58,8 +58,9 @@ def workers_range(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
-    """Everything that can fail on user input, checked before Ray starts."""
+def check(args: argparse.Namespace) -> Config:
+    """The config the arguments describe, validated without touching the run folder
+    (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
     sets = list(args.set)
     for key, value in (("train.steps", args.steps), ("train.checkpoint_every",
                        args.checkpoint_every), ("train.max_failures", args.max_failures),
@@ -71,8 +72,13 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     if args.workers:
         low, high = workers_range(args.workers)
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
-    config = load_config(args.config, args.preset, sets)
-    out = Path(args.out or Path("runs") / f"{config.name}-train")
+    return load_config(args.config, args.preset, sets)
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
+    """Everything that can fail on user input, checked before Ray starts."""
+    config = check(args)
+    out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "

@@ -114,3 +114,13 @@ def test_without_upload_the_config_path_is_absolute(tmp_path: Path) -> None:
     argv, _ = submit.job_command(args, "job-1")
     assert argv[argv.index("--config") + 1] == str(cfg.resolve())
     assert submit.runtime_env_for(False, args.working_dir) == {}
+
+
+def test_a_training_run_is_a_job_too() -> None:
+    args = submit.parse_args(["train", "--preset", "smoke", "--steps", "50", "--workers", "1:2"])
+    argv, out = submit.job_command(args, "job-2")
+    assert argv[:3] == ["python", "-m", "orchestrator.train"]
+    assert argv[-4:] == ["--address", "auto", "--out", "~/commtune-runs/job-2"]
+    bad = submit.parse_args(["train", "--preset", "smoke", "--workers", "2:1"])
+    with pytest.raises(ConfigError, match="--workers"):
+        submit.job_command(bad, "job-3")
