@@ -96,6 +96,8 @@ def scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[s
     extra: dict[str, Any] = {}
     if base is not None and base.attrs.get(m.NUM_PARAMS):
         extra["grad_bytes"] = base.attrs[m.NUM_PARAMS] * GRAD_BYTES_PER_PARAM
+    if base is not None and base.attrs.get(m.GPU_UTIL) is not None:
+        extra["gpu_util"] = base.attrs[m.GPU_UTIL]  # NVML, sampled at each window's end
     config = ctx.config
     if not config.search.scaling_baseline or config.cluster.num_workers == 1 or base is None:
         return extra

@@ -51,9 +51,15 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
         m.SETUP_S: max((w.get(m.SETUP_S) or {} for w in windows[0]), key=lambda s: sum(s.values())),
         m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
         m.NUM_PARAMS: max(w.get(m.NUM_PARAMS, 0) for w in last),
+        m.GPU_UTIL: _median_or_none(w.get(m.GPU_UTIL) for ranks in windows for w in ranks),
         "num_windows": len(windows),
         "window_samples_per_s": throughputs,
     }
+
+
+def _median_or_none(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def comm_split(windows: list[list[dict[str, Any]]]) -> dict[str, float]:

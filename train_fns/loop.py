@@ -24,7 +24,7 @@ from train_fns.models import build_model
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.strategies import sync_gradients, wrap_model
-from train_fns.timing import StepTimer, peak_memory_bytes
+from train_fns.timing import StepTimer, gpu_utilization, peak_memory_bytes
 from train_fns.watchdog import Watchdog
 
 __all__ = ["HANG_EXIT_CODE", "StepRunner", "build_runner", "run_training", "window_ends"]
@@ -160,6 +160,7 @@ def _window_metrics(
         m.SETUP_S: dict(setup),
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),
         m.NUM_PARAMS: runner.num_params,
+        m.GPU_UTIL: gpu_utilization(runner.device),
     }
 
 

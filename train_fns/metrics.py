@@ -33,6 +33,8 @@ SETUP_S = "setup_s"
 """Worker-side set-up wall-clock by part: model build, wrap, first step (warm-up)."""
 NUM_PARAMS = "num_params"
 """Trainable parameters of the whole (unwrapped) model: gradient bytes = this x 4 (fp32)."""
+GPU_UTIL = "gpu_util"
+"""NVML utilization (0-1) at the window's end on GPU workers; None on CPU or without NVML."""
 NUM_NONFINITE = "num_nonfinite_steps"
 """Measured steps so far (cumulative, warm-up excluded) whose loss, or under fp16 loss
 scaling whose gradients, were inf/NaN; the last window's value is the trial's total."""

@@ -75,3 +75,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def gpu_utilization(device: torch.device) -> float | None:
+    """NVML's GPU utilization (0-1) over its last sample period; None on CPU or without NVML
+    (torch reads it through pynvml, which a CUDA install may lack)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return torch.cuda.utilization(device) / 100.0
+    except Exception:  # no pynvml / NVML: the doctor then stays quiet about utilization
+        return None

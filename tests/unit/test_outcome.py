@@ -53,6 +53,22 @@ def test_summary_uses_slowest_rank_and_median_window() -> None:
     assert set(s[m.ENV_SEEN]) == {"0", "1"}
 
 
+def test_summary_splits_exposed_comm_and_reads_gpu_util() -> None:
+    def report(rank: int, sync: float, nosync: float, util: float | None) -> dict:
+        return {**_report(rank, 0.2), m.SYNC_MICRO_S: sync, m.NOSYNC_MICRO_S: nosync,
+                m.GPU_UTIL: util}  # fmt: skip
+
+    windows = [[report(0, 0.09, 0.07, 0.5), report(1, 0.10, 0.07, 0.7)]] * 3
+    s = summarize(windows, PLAN)
+    # the slowest rank's sync micro-step exceeds its no-sync twin by 30 ms: exposed comm
+    assert s[m.EXPOSED_COMM_S] == pytest.approx(0.03)
+    assert s[m.COMPUTE_S] == pytest.approx(0.16 - 0.03)  # fwd_bwd (0.8 x 0.2) minus it
+    assert s[m.COMM_FRACTION] == pytest.approx(0.03 / 0.16)
+    assert s[m.GPU_UTIL] == pytest.approx(0.6)
+    cpu = [[{**w, m.GPU_UTIL: None} for w in ranks] for ranks in windows]
+    assert summarize(cpu, PLAN)[m.GPU_UTIL] is None
+
+
 def test_summary_needs_a_window() -> None:
     with pytest.raises(ValueError):
         summarize([], PLAN)
