@@ -44,11 +44,17 @@ def write_run_info(out: Path, context: SearchContext, extra: dict[str, Any]) -> 
 
 def probe(config: Any, out: Path) -> None:
     """The bandwidth probe once, on the trials' workers and environment: probe.csv."""
-    from orchestrator.probe import run_probe, write_csv
+    from orchestrator.driver import resolve_gpu
+    from orchestrator.probe import ProbeSettings, run_probe, write_csv
     from orchestrator.trial import storage_dir
 
     print("probe: all-reduce / all-gather / reduce-scatter sweep before the trials", flush=True)
-    rows = run_probe(config, storage_path=storage_dir(out))
+    # Every other power of two: enough for the bound (latency and large-message bandwidth) at
+    # half the cost of the CLI's full sweep.
+    sizes = tuple(4**k for k in range(5, 15))  # 1 KiB .. 256 MiB
+    gpu = resolve_gpu(config)
+    rows = run_probe(config, ProbeSettings(sizes=sizes if gpu else sizes[:-1]),
+                     storage_path=storage_dir(out))  # fmt: skip
     write_csv(rows, out / "probe.csv")
     link = probed_link(out)
     if link is not None:

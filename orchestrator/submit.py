@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config import ConfigError
 from search_spaces import SpaceError
@@ -49,6 +50,7 @@ uploaded (``fetch`` reads both)."""
 PACK_BEGIN, PACK_END = "--- commtune outputs begin ---", "--- commtune outputs end ---"
 PACK_LIMIT_BYTES = 64 * 2**20
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+AGENT_WAIT_S = 60.0
 
 
 class SubmitError(Exception):
@@ -224,6 +226,21 @@ def runtime_env_for(upload: bool, working_dir: str) -> dict:
     return {"working_dir": working_dir, "excludes": UPLOAD_EXCLUDES} if upload else {}
 
 
+def submit_when_ready(jobs, wait_s: float = AGENT_WAIT_S, **job: Any) -> None:
+    """``submit_job``, waiting while a freshly started head has no job agent yet (Ray answers
+    500 "No available agent to submit job" for a few seconds after ``ray start``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            jobs.submit_job(**job)
+            return
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            print("waiting for the head's job agent to come up ...", file=sys.stderr, flush=True)
+            time.sleep(2)
+
+
 def submit(args: argparse.Namespace) -> int:
     job_id = f"commtune-{args.command}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     argv, out = job_command(args, job_id)
@@ -234,7 +251,8 @@ def submit(args: argparse.Namespace) -> int:
     entrypoint = shlex.join(argv)
     jobs = client(args)
     try:
-        jobs.submit_job(
+        submit_when_ready(
+            jobs,
             entrypoint=entrypoint,
             submission_id=job_id,
             runtime_env=runtime_env,
@@ -306,7 +324,8 @@ def fetch(args: argparse.Namespace) -> int:
             "(no output folder recorded)"
         )
     pack_id = f"{args.job_id}-fetch-{uuid.uuid4().hex[:6]}"
-    jobs.submit_job(
+    submit_when_ready(
+        jobs,
         entrypoint=shlex.join(["python", "-m", "orchestrator.submit", "pack", out]),
         submission_id=pack_id,
         runtime_env=runtime_env_for(metadata.get(UPLOAD_KEY) != "0", str(PROJECT_ROOT)),

@@ -53,7 +53,8 @@ def test_search_job_succeeds_and_its_outputs_come_back(
     base = ["--address", address, "--token-file", str(token)]
     done = submit_cli(
         [*base, "search", "--follow", "--results-root", str(tmp_path / "cluster"),
-         "--preset", "smoke", "--trials", "2", "--set", "search.remeasure_top=0"],
+         "--preset", "smoke", "--trials", "1", "--set", "search.remeasure_top=0",
+         "--set", "search.scaling_baseline=false"],
         no_token_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,7 +69,7 @@ def test_search_job_succeeds_and_its_outputs_come_back(
     config = load_config(str(tmp_path / "back" / "best.yaml"), None, [])
     assert config.name == "smoke"
     rows = (tmp_path / "back" / "trials.csv").read_text().strip().splitlines()
-    assert len(rows) == 3  # header + 2 trials
+    assert len(rows) == 2  # header + the baseline
 
 
 def test_stop_ends_a_running_job(head: tuple[str, Path], tmp_path: Path) -> None:

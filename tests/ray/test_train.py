@@ -63,9 +63,21 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return summary(out)
 
 
-def test_killed_driver_resumes_to_the_same_final_loss(uninterrupted: dict, tmp_path: Path) -> None:
-    process = start(tmp_path, "--steps", "40")
-    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 25)  # a checkpoint at step 20 exists
+def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
+    uninterrupted: dict, tmp_path: Path
+) -> None:
+    """A Ray Train worker SIGKILLed mid-run is recovered from the latest checkpoint (within
+    --max-failures); then the driver itself is SIGKILLed, and --resume finishes the run at
+    exactly --steps with the uninterrupted run's final loss."""
+    process = start(tmp_path, "--steps", "40", "--max-failures", "2")
+    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)  # a checkpoint at step 10 exists
+    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert pids, "no Ray Train worker process found"
+    os.kill(pids[-1], signal.SIGKILL)
+    wait_for(tmp_path, lambda rs: any(r["attempt"] == "2" and int(r["step"]) >= 25 for r in rs))
+    failures = [e for e in events(tmp_path) if e["kind"] == "failure"]
+    assert [f["reason"] for f in failures] == ["worker died"]
     process.send_signal(signal.SIGKILL)
     process.wait()
     refused = subprocess.run(
@@ -78,28 +90,10 @@ def test_killed_driver_resumes_to_the_same_final_loss(uninterrupted: dict, tmp_p
     resumed = summary(tmp_path)
     assert resumed["steps"] == 40
     assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
-    starts = [e for e in events(tmp_path) if e["kind"] == "start"]
-    resumed_from = starts[-1]["resumed_from_step"]
+    resumed_from = [e for e in events(tmp_path) if e["kind"] == "start"][-1]["resumed_from_step"]
     assert resumed_from in (20, 30)  # the latest checkpoint before the kill
-    after = [int(r["step"]) for r in rows(tmp_path) if r["attempt"] == "1"][-(40 - resumed_from) :]
+    after = [int(r["step"]) for r in rows(tmp_path)][-(40 - resumed_from) :]
     assert after == list(range(resumed_from + 1, 41))  # nothing skipped, nothing repeated
-
-
-def test_killed_worker_is_recovered_from_the_latest_checkpoint(
-    uninterrupted: dict, tmp_path: Path
-) -> None:
-    process = start(tmp_path, "--steps", "40", "--max-failures", "2")
-    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)
-    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True)
-    pids = [int(p) for p in workers.stdout.split()]
-    assert pids, "no Ray Train worker process found"
-    os.kill(pids[-1], signal.SIGKILL)
-    output = finish(process)
-    result = summary(tmp_path)
-    assert result["steps"] == 40 and len(result["restarts"]) == 1, output[-3000:]
-    restart = result["restarts"][0]
-    assert restart["reason"] == "worker died" and restart["resumed_from"] in (10, 20)
-    assert result["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
     assert not leftovers()
 
 

@@ -124,3 +124,26 @@ def test_a_training_run_is_a_job_too() -> None:
     bad = submit.parse_args(["train", "--preset", "smoke", "--workers", "2:1"])
     with pytest.raises(ConfigError, match="--workers"):
         submit.job_command(bad, "job-3")
+
+
+def test_submission_waits_for_a_fresh_heads_job_agent(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Jobs:
+        calls = 0
+
+        def submit_job(self, **job: object) -> None:
+            Jobs.calls += 1
+            if Jobs.calls < 3:
+                raise RuntimeError("Request failed with status code 500: No available agent")
+
+    monkeypatch.setattr(submit.time, "sleep", lambda seconds: None)
+    submit.submit_when_ready(Jobs(), entrypoint="x")
+    assert Jobs.calls == 3 and "job agent" in capsys.readouterr().err
+
+    class Refused:
+        def submit_job(self, **job: object) -> None:
+            raise RuntimeError("status code 401")
+
+    with pytest.raises(RuntimeError, match="401"):
+        submit.submit_when_ready(Refused(), entrypoint="x")
