@@ -10,6 +10,20 @@ from ray.tune import Callback
 from train_fns import metrics as m
 
 
+def driver_queue() -> Any:
+    """A Ray queue whose actor lives on this (the driver's) node, as Ray Train's controller does.
+
+    Left to the scheduler, a 0-CPU actor may land on any node; when that node is lost, the
+    reports and the failure notice that should tell of it are lost with it.
+    """
+    import ray
+    from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+
+
 class WindowCollector(UserCallback):
     """Forward every worker's window report to the trial driver's queue.
 

@@ -210,7 +210,9 @@ def _fit(
     """
     from ray.util.queue import Empty, Queue
 
-    rows_queue: Queue = Queue(actor_options={"num_cpus": 0})
+    from orchestrator.callbacks import driver_queue
+
+    rows_queue: Queue = driver_queue()
     trainer = _trainer(config, settings, use_gpu, storage_path, rows_queue)
     errors: list[BaseException] = []
     done = threading.Event()

@@ -169,6 +169,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
     import ray
     from ray.util.queue import Empty, Queue
 
+    from orchestrator.callbacks import driver_queue
     from orchestrator.driver import check_capacity, quiet_libraries, resolve_gpu, start_ray
     from orchestrator.trial import resolve_task
 
@@ -181,7 +182,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
             config.cluster, num_workers=low)), use_gpu)  # fmt: skip
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
-        reports: Queue = Queue(actor_options={"num_cpus": 0})
+        reports: Queue = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),
                      alive_nodes=alive_nodes)  # fmt: skip
         outcome: dict[str, Any] = {}

@@ -180,7 +180,9 @@ class TrainerRun:
     def run(self, deadline_s: float, prune_below: float | None = None) -> dict[str, Any]:
         from ray.util.queue import Empty, Queue
 
-        reports: Queue = Queue(actor_options={"num_cpus": 0})
+        from orchestrator.callbacks import driver_queue
+
+        reports: Queue = driver_queue()
         done = threading.Event()
         start = time.monotonic()
         thread = threading.Thread(target=self._fit, args=(reports, done), daemon=True)
