@@ -69,22 +69,22 @@ def comm_text(result: dict[str, Any]) -> str:
 
 
 class ProgressPrinter(Callback):
-    """Print a line as each trial finishes (Tune's own table is turned off)."""
+    """Print a line as each configuration ends (Tune's own table is turned off)."""
 
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
         from ray.tune.utils.util import unflatten_dict
 
         from orchestrator.trial import OUTCOME, TRIAL_NUMBER
 
-        outcome = unflatten_dict(dict(trial.last_result or {})).get(OUTCOME, {})
-        number = int(trial.config.get(TRIAL_NUMBER, -1))
+        full = unflatten_dict(dict(result))
+        outcome = full.get(OUTCOME, {})
+        number = int(full.get(TRIAL_NUMBER, -1))
         print(trial_line(number, outcome, outcome.get("params", {})), flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        from orchestrator.trial import TRIAL_NUMBER
-
-        number = int(trial.config.get(TRIAL_NUMBER, -1))
         print(
-            f"trial {number:3d}    ERROR: the trial's driver process died; see {trial.local_path}",
+            f"worker group {trial.trial_id}: its driver process died; see {trial.local_path}",
             flush=True,
         )

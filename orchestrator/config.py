@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 PRESET_DIR = Path(__file__).parent / "presets"
-SAMPLERS = ("tpe", "random", "grid")
+SAMPLERS = ("staged", "tpe", "random", "grid")
 STRATEGY_MODES = ("ddp", "fsdp", "search")
 USE_GPU_VALUES = ("auto", True, False)
 
@@ -94,7 +94,8 @@ class SearchConfig:
 
     trials: int = 8
     """Total trials, baseline (trial 0) included."""
-    sampler: str = "tpe"
+    sampler: str = "staged"
+    """staged (memory shape, then communication knobs, then TPE), tpe, random or grid."""
     seed: int = 0
     spaces: list[str] = field(
         default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl"]
@@ -118,12 +119,29 @@ class SearchConfig:
     ``throughput(N) / (N x throughput(1))``."""
     probe: bool = False
     """Run the bandwidth probe (orchestrator.probe) once before the trials; probe.csv."""
+    warm: bool = True
+    """Warm evaluation: configurations with the same environment variables share one worker
+    group, which rebuilds model, optimizer and data for each (false: fresh workers each)."""
+    group_size: int = 16
+    """Most configurations one worker group measures (warm evaluation)."""
+    concurrency: int = 1
+    """Worker groups measured at the same time, each on its own nodes (opt-in: on a cluster with
+    more nodes than a trial needs). Trials on disjoint nodes still share the network's switches,
+    which can couple their measurements."""
+    cost_model_seeds: int = 3
+    """Configurations the cost model ranks best, measured right after the baseline (0: none)."""
 
     def __post_init__(self) -> None:
         _check_positive("search.trials", self.trials)
         _check_choice("search.sampler", self.sampler, SAMPLERS)
         _check_positive("search.measure_steps", self.measure_steps)
         _check_positive("search.windows", self.windows)
+        _check_positive("search.group_size", self.group_size)
+        _check_positive("search.concurrency", self.concurrency)
+        if self.cost_model_seeds < 0:
+            raise ConfigError(
+                "search.cost_model_seeds", f"got {self.cost_model_seeds}; use 0 (none) or more"
+            )
         _check_positive("search.trial_timeout_s", self.trial_timeout_s)
         _check_positive("search.step_deadline_s", self.step_deadline_s)
         if self.time_budget_min is not None:

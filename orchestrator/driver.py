@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 
 from orchestrator import explain, study
-from orchestrator.config import ClusterConfig, Config, ConfigError
-from orchestrator.results import baseline_record, records, write_outputs
+from orchestrator.config import ClusterConfig, Config, ConfigError, SearchConfig
+from orchestrator.results import baseline_record, overhead_line, records, write_outputs
 from orchestrator.trial import TrialContext, storage_dir
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
@@ -142,6 +142,7 @@ def run_search(
             comparisons = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, comparisons)
         lines += explain.scaling_lines(recs, space.baseline(), info)
+        lines += filter(None, [overhead_line(recs, info.get("search_wall_s"))])
         lines.append(explain.write_report(out))
         return lines, baseline_record(recs, space.baseline()) is not None
     except SpaceError as e:  # e.g. a grid too large for this cluster's context
@@ -158,6 +159,7 @@ def _tune(
     deadline: float | None,
 ) -> bool:
     """Run the trials still owed; False when there were none (outputs are only rewritten)."""
+    from orchestrator.proposer import Proposer, make_sampler
     from orchestrator.tuner import build_tuner
 
     config, space = ctx.config, ctx.space
@@ -173,32 +175,60 @@ def _tune(
             print(f"resume: trial {number} was interrupted; its params run again", flush=True)
     done = study.counted(existing)
     remaining = max(0, config.search.trials - done)
-    points = [] if existing else [space.baseline(), *_grid(config, space)]
-    if config.search.sampler == "grid" and points:
-        if len(points) > remaining:
-            print(
-                f"grid: {len(points)} points, {remaining} trials: only the first {remaining} "
-                "run (raise search.trials to cover the grid)",
-                flush=True,
-            )
-        remaining = min(remaining, len(points))
+    cfg = config.search
+    if cfg.sampler == "grid":
+        size = len(space.grid())
+        if size > remaining + done:
+            print(f"grid: {size} points, {cfg.trials} trials: only the first {cfg.trials} run "
+                  "(raise search.trials to cover the grid)", flush=True)  # fmt: skip
+        remaining = min(remaining, max(0, size - done))
     if not remaining:
         print(
-            f"resume: the study already has {done} of {config.search.trials} trials; "
-            "rewriting the outputs",
+            f"resume: the study already has {done} of {cfg.trials} trials; rewriting the outputs",
             flush=True,
         )
         return False
+    the_study = optuna.create_study(
+        study_name=config.name, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),
+    )  # fmt: skip
+    if existing is None:
+        the_study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, cfg.sampler, cfg.trials, _seeds(ctx))
     print(
-        f"commtune: {config.name}: {remaining} trial(s) to run of {config.search.trials} "
+        f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
         f"({config.workload.model}, {config.cluster.num_workers} "
         f"{'GPU' if ctx.use_gpu else 'CPU'} workers, global batch {config.workload.global_batch},"
-        f" sampler {config.search.sampler}); trial 0 is the untouched baseline",
+        f" strategy {cfg.sampler}, {_evaluation(cfg)}); trial 0 is the untouched baseline",
         flush=True,
     )
-    optuna_points = [space.optuna_params(p) for p in points]
-    build_tuner(ctx, config.name, storage, remaining, optuna_points, out, deadline).fit()
+    started = time.monotonic()
+    build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+    explain.add_search_wall(out, time.monotonic() - started)
     return True
+
+
+def _seeds(ctx: TrialContext) -> list[dict]:
+    """The cost model's best-ranked configurations, on the probed link when there is one."""
+    from orchestrator.dryrun import model_size
+    from orchestrator.proposer import search_seeds
+
+    cfg = ctx.config
+    if not cfg.search.cost_model_seeds or cfg.search.sampler == "grid":
+        return []
+    size = model_size(cfg)
+    seeds = search_seeds(
+        ctx.space, size, cfg.workload.seq_len, cfg.search.cost_model_seeds, ctx.link
+    )
+    shown = "the probed link" if ctx.link else "nominal figures"
+    print(f"cost model ({shown}): {len(seeds)} seed configuration(s) after the baseline")
+    return seeds
+
+
+def _evaluation(cfg: SearchConfig) -> str:
+    if cfg.warm:
+        return f"warm evaluation: up to {cfg.group_size} configurations per worker group"
+    return "cold evaluation: fresh workers for every configuration"
 
 
 def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> list:
@@ -222,10 +252,3 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
         flush=True,
     )
     return remeasure(ctx, base, chosen, out)
-
-
-def _grid(config: Config, space: SearchSpace) -> list[dict]:
-    if config.search.sampler != "grid":
-        return []
-    baseline = space.baseline()
-    return [p for p in space.grid() if p != baseline]

@@ -20,13 +20,12 @@ from search_spaces import SearchContext, SearchSpace, load_spaces
 def model_size(config: Config) -> ModelSize:
     """Parameters and blocks of the workload's model, counted on the meta device."""
     import torch
-    from transformers import AutoModelForMaskedLM
 
-    from train_fns.models import resolve_model_config
+    from train_fns.models import default_task, model_class, resolve_model_config
 
     hf = resolve_model_config(config.workload.model, config.workload.model_overrides)
     with torch.device("meta"):
-        model = AutoModelForMaskedLM.from_config(hf)
+        model = model_class(config.workload.task or default_task(hf)).from_config(hf)
     params = sum(p.numel() for p in model.parameters())
     return ModelSize(params, int(getattr(hf, "num_hidden_layers", 0)), config.workload.model)
 

@@ -42,6 +42,15 @@ def write_run_info(out: Path, context: SearchContext, extra: dict[str, Any]) -> 
     return info
 
 
+def add_search_wall(out: Path, wall_s: float) -> None:
+    """Add a search's wall-clock (from its first trial's start to its last's end; a resumed
+    search adds its own) to run_info.json, for the measured share of search time."""
+    path = out / RUN_INFO
+    info = json.loads(path.read_text()) if path.exists() else {}
+    info["search_wall_s"] = info.get("search_wall_s", 0.0) + wall_s
+    path.write_text(json.dumps(info, indent=1, default=str))
+
+
 def probe(config: Any, out: Path) -> None:
     """The bandwidth probe once, on the trials' workers and environment: probe.csv."""
     from orchestrator.driver import resolve_gpu
@@ -96,7 +105,7 @@ def comm_bound(plan: Any, num_params: int, link: Any) -> dict[str, Any]:
 def scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[str, Any]:
     """The baseline measured once on a single worker (skipped when off, on one worker, when
     the baseline failed, or when the time budget is spent), and the gradient bytes."""
-    from orchestrator.trial import TrainerRun, derive_plan
+    from orchestrator.trial import derive_plan, measure_plans
 
     base = baseline_record(recs, ctx.space.baseline())
     extra: dict[str, Any] = {}
@@ -113,10 +122,7 @@ def scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[s
     one = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, num_workers=1))
     single = dataclasses.replace(ctx, config=one)
     print("scaling: measuring the baseline on 1 worker", flush=True)
-    plan, env = derive_plan(single, base.params)
-    outcome = TrainerRun(plan, env, single, name="scaling_1worker").run(
-        deadline_s=config.search.trial_timeout_s
-    )
+    (outcome,) = measure_plans(single, [derive_plan(single, base.params)], "scaling_1worker")
     if outcome.get(m.STATE) != m.COMPLETE:
         print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
         return extra

@@ -153,11 +153,3 @@ def prune_threshold(best_value: float | None, best_cv: float | None) -> float | 
         return None
     noise = max(best_cv or 0.0, MIN_NOISE)
     return best_value * max(0.0, 1.0 - PRUNE_SIGMAS * noise)
-
-
-def should_prune(window_throughputs: list[float], threshold: float | None) -> bool:
-    """Prune only after two measured windows (warm-up is never judged), and only when even
-    this trial's best window is below the threshold."""
-    if threshold is None or len(window_throughputs) < 2:
-        return False
-    return max(window_throughputs) < threshold

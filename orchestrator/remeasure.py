@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results import TrialRecord
-from orchestrator.trial import TrainerRun, TrialContext, derive_plan
+from orchestrator.trial import TrialContext, derive_plan, measure_plans
 from train_fns import metrics as m
 
 SIGNIFICANCE = 2.0
@@ -79,22 +79,21 @@ def finalists(recs: list[TrialRecord], baseline: TrialRecord, top: int) -> list[
 def remeasure(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
 ) -> list[Comparison]:
-    """Run the interleaved sequence for real; returns comparisons, best first."""
+    """Run the interleaved sequence for real (runs with the same environment variables share a
+    worker group, as in the search); returns comparisons, best first."""
     order = interleave(baseline, chosen)
-    results: list[dict] = []
-    for i, rec in enumerate(order):
-        plan, env = derive_plan(ctx, rec.params)
-        outcome = TrainerRun(plan, env, ctx, name=f"remeasure_{i:02d}").run(
-            deadline_s=ctx.config.search.trial_timeout_s
-        )
-        results.append(outcome)
+
+    def show(i: int, outcome: dict) -> None:
         shown = (
             f"{outcome[m.SAMPLES_PER_S]:.2f} samples/s (cv {outcome[m.THROUGHPUT_CV]:.1%})"
             if outcome[m.STATE] == m.COMPLETE
             else f"{outcome[m.STATE]}: {outcome[m.REASON]}"
         )
-        who = "baseline" if rec is baseline else f"trial {rec.number}"
+        who = "baseline" if order[i] is baseline else f"trial {order[i].number}"
         print(f"re-measure {i + 1}/{len(order)}: {who}: {shown}", flush=True)
+
+    plans = [derive_plan(ctx, rec.params) for rec in order]
+    results = measure_plans(ctx, plans, "remeasure", show)
     _write_csv(order, results, baseline, out / "remeasure.csv")
     return _comparisons(order, results, baseline)
 

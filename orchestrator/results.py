@@ -43,6 +43,15 @@ _CSV_METRICS = (
 )
 
 
+TIMING_PARTS = (
+    "measured_s", "start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s",
+)  # fmt: skip
+"""Where a trial's wall-clock went (``trial_wall_s``): its measured steps, then the overhead:
+its worker group's start (processes, process group; the group's first trial pays it) and
+imports, model build, wrap (the first collective inits NCCL's communicators), warm-up steps,
+the no-sync compute reference, and the rest (driver, queue, freeing memory)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
     """One finished trial as the outputs see it."""
@@ -85,7 +94,10 @@ def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
 
 def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
-    header = ["number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s", "reason"]
+    header = [
+        "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
+        "measured_share", *TIMING_PARTS, "reason",
+    ]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(header)
@@ -99,10 +111,40 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
                 "" if peak is None else f"{peak / 2**20:.1f}",
                 _fmt(r.attrs.get("trial_wall_s")),
+                _fmt(measured_share(r)),
+                *(_fmt((r.attrs.get("timings") or {}).get(k)) for k in TIMING_PARTS),
                 r.reason,
             ]
         )
     _write_atomic(path, text.getvalue())
+
+
+def measured_share(rec: TrialRecord) -> float | None:
+    """Measured steps over the trial's wall-clock (None when it has no timings)."""
+    wall, measured = (
+        rec.attrs.get("trial_wall_s"),
+        (rec.attrs.get("timings") or {}).get("measured_s"),
+    )
+    if not wall or measured is None:
+        return None
+    return measured / wall
+
+
+def overhead_line(recs: list[TrialRecord], search_wall_s: float | None) -> str | None:
+    """The search summary's "measured share of search time": measured steps of every trial
+    over the wall-clock of the trials (worker group starts, set-up, scheduling included)."""
+    if not search_wall_s:
+        return None
+    measured = sum((r.attrs.get("timings") or {}).get("measured_s", 0.0) for r in recs)
+    parts = {
+        k: sum((r.attrs.get("timings") or {}).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]
+    }
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    shown = ", ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in top)
+    return (
+        f"measured share of search time: {measured / search_wall_s:.0%} ({measured:.0f}s of "
+        f"measured steps in {search_wall_s:.0f}s of trials; largest overheads: {shown})"
+    )
 
 
 def _fmt(value: Any) -> str:

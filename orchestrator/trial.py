@@ -1,25 +1,22 @@
-"""One trial: sampled params -> checked TrialPlan -> a real TorchTrainer run -> outcome.
+"""Trials: sampled params -> checked TrialPlan -> a real TorchTrainer run -> outcome.
 
-``run_trial`` is the Ray Tune function trainable. It never raises for an outcome
-it understands (infeasible, oom, hang, crash): it reports the outcome with its
-reason, so that the search goes on and Optuna is told the truth.
+``run_group`` is the Ray Tune function trainable: one Tune trial is one worker group that
+measures one or more configurations (warm evaluation), each an Optuna trial of its own. It
+never raises for an outcome it understands (infeasible, oom, hang, crash): it reports the
+outcome with its reason, so that the search goes on and Optuna is told the truth.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import queue as std_queue
-import shutil
-import threading
-import time
+import itertools
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config
-from orchestrator.outcome import should_prune, window_throughputs
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.models import default_task, resolve_model_config
@@ -29,8 +26,10 @@ TRIAL_NUMBER = "trial_number"
 """Config key carrying the Optuna trial number (what users see) into the trial."""
 OUTCOME = "outcome"
 """Result key holding the trial's whole outcome record (state, reason, metrics, timings)."""
-PRUNE_BELOW = "_prune_below"
-"""Config key: samples/s below which this trial is clearly slower than the best so far."""
+WORK = "work"
+"""Config key of a Tune trial: the queue its configurations (``Member`` dicts) come from."""
+NODES = "nodes"
+"""Config key of a Tune trial: the node ids its workers must stay on (None: anywhere)."""
 
 
 @dataclass(frozen=True)
@@ -123,178 +122,112 @@ def plan_from_config(
     )
 
 
-def run_trial(params: dict[str, Any], ctx: TrialContext) -> None:
-    """Tune function trainable: run one configuration and report exactly one outcome."""
+@dataclass(frozen=True)
+class Member:
+    """One configuration of a group: its Optuna trial number and sampled params."""
+
+    number: int
+    params: dict[str, Any]
+    prune_below: float | None = None
+
+
+WORK_TIMEOUT_S = 3600.0
+"""How long a group waits for the searcher's next configuration before it ends."""
+
+
+def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
+    """Tune function trainable: one worker group measuring the configurations the searcher
+    puts in ``config[WORK]`` (``Member`` dicts; None ends the group), reporting one result
+    per configuration as each ends; the searcher answers each with the next one.
+
+    Configurations the group did not reach (it crashed or hung on an earlier one) are not
+    reported: the searcher re-queues them.
+    """
     from ray import tune
 
-    started = time.monotonic()
-    number = int(params.get(TRIAL_NUMBER, -1))
-    try:
-        outcome = _run(params, ctx, number)
-    except Exception as e:  # a driver-side bug must not kill the search; keep its trace
-        outcome = {
-            m.STATE: m.ERROR,
-            m.REASON: f"trial driver failed: {type(e).__name__}: {e}",
-            "traceback": traceback.format_exc(limit=8),
-        }
-    outcome["trial_wall_s"] = time.monotonic() - started
-    outcome["params"] = sampled_params(params, ctx.space)
-    # Tune insists that the objective is in every result; the rest travels as one record.
-    tune.report({m.SAMPLES_PER_S: outcome.get(m.SAMPLES_PER_S), OUTCOME: outcome})
+    from orchestrator.group_run import GroupRun
 
-
-def _run(params: dict[str, Any], ctx: TrialContext, number: int) -> dict[str, Any]:
-    try:
-        plan, env = derive_plan(ctx, params, ctx.faults.get(number))
-    except InfeasiblePlan as e:
-        return {m.STATE: m.INFEASIBLE, m.REASON: str(e)}
-    result = TrainerRun(plan, env, ctx, name=f"trial_{number:04d}").run(
-        deadline_s=ctx.config.search.trial_timeout_s, prune_below=params.get(PRUNE_BELOW)
-    )
-    result["env"] = env
-    result["plan"] = plan.to_dict()
-    if result.get(m.STATE) == m.COMPLETE:
-        from orchestrator.explain import comm_bound
-
-        result.update(comm_bound(plan, result.get(m.NUM_PARAMS, 0), ctx.link))
-    return result
-
-
-class TrainerRun:
-    """A TorchTrainer run whose window reports stream back while it runs.
-
-    ``fit()`` blocks, so it runs in a daemon thread while this thread watches the
-    report queue against a deadline. On a hang the trial returns; Tune then ends
-    the trial's actor and Ray's ownership ends the controller and every worker.
-    """
-
-    def __init__(self, plan: TrialPlan, env: dict[str, str], ctx: TrialContext, name: str):
-        self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
-        shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
-        self.plan = dataclasses.replace(plan, marker_dir=str(self.marker_dir))
-        self.env, self.ctx, self.name = env, ctx, name
-        self.windows: list[list[dict[str, Any]]] = []
-        self.error: BaseException | None = None
-        self.timings: dict[str, float] = {}
-
-    def run(self, deadline_s: float, prune_below: float | None = None) -> dict[str, Any]:
-        from ray.util.queue import Empty, Queue
-
-        from orchestrator.callbacks import driver_queue
-
-        reports: Queue = driver_queue()
-        done = threading.Event()
-        start = time.monotonic()
-        thread = threading.Thread(target=self._fit, args=(reports, done), daemon=True)
-        thread.start()
-        try:
-            while not done.is_set() or not reports.empty():
-                with contextlib.suppress(Empty, std_queue.Empty):
-                    self._take(reports.get(timeout=0.5), start)
-                if time.monotonic() - start > deadline_s and not done.is_set():
-                    return self._outcome_hang(deadline_s)
-                if not done.is_set() and should_prune(self._throughputs(), prune_below):
-                    return self._outcome_pruned(prune_below)
-        finally:
-            if done.is_set():  # a run ended early may still report: its queue goes with it
-                reports.shutdown()
-        self.timings["fit_s"] = time.monotonic() - start
-        return self._outcome()
-
-    def _take(self, item: list[dict[str, Any]], start: float) -> None:
-        if not self.windows:
-            self.timings["first_window_s"] = time.monotonic() - start
-        self.windows.append(item)
-
-    def _fit(self, reports: Any, done: threading.Event) -> None:
-        try:
-            self._trainer(reports).fit()
-        except BaseException as e:  # classified by the watcher thread, never lost
-            self.error = e
-        finally:
-            done.set()
-
-    def _trainer(self, reports: Any) -> Any:
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig, TorchTrainer
-
-        from orchestrator.callbacks import WindowCollector
-        from train_fns import train_loop_per_worker
-
-        cluster = self.ctx.config.cluster
-        return TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config=self.plan.to_dict(),
-            torch_config=TorchConfig(
-                backend="nccl" if self.plan.use_gpu else "gloo",
-                timeout_s=int(self.plan.step_deadline_s) + 30,
-            ),
-            scaling_config=ScalingConfig(
-                num_workers=self.plan.world_size,
-                use_gpu=self.plan.use_gpu,
-                resources_per_worker={"CPU": cluster.cpus_per_worker}
-                | ({"GPU": 1} if self.plan.use_gpu else {}),
-            ),
-            run_config=RunConfig(
-                name=self.name,
-                storage_path=self.ctx.storage_path,
-                worker_runtime_env={"env_vars": self.env},
-                callbacks=[WindowCollector(reports)],
-                failure_config=FailureConfig(max_failures=0),
-            ),
+    def report(member: Member, outcome: dict[str, Any]) -> None:
+        outcome["params"] = sampled_params(member.params, ctx.space)
+        # Tune insists that the objective is in every result; the rest travels as one record.
+        tune.report(
+            {
+                m.SAMPLES_PER_S: outcome.get(m.SAMPLES_PER_S),
+                TRIAL_NUMBER: member.number,
+                OUTCOME: outcome,
+            }
         )
 
-    def _outcome(self) -> dict[str, Any]:
-        from orchestrator.outcome import classify_failure, failure_texts, summarize
-
-        peak = max((w[m.PEAK_MEM_BYTES] for r in self.windows for w in r), default=None)
-        if self.error is not None:
-            state, reason = classify_failure(self.error, self.plan, peak, self._hang_markers())
-            detail = "\n".join(failure_texts(self.error))[-4000:]
-            return {m.STATE: state, m.REASON: reason, "failure": detail, "timings": self.timings}
-        if len(self.windows) < self.plan.num_windows:
-            return {
+    members: list[Member] = []  # the feasible ones, in the group's order
+    try:
+        run = GroupRun(ctx, f"group_{tune.get_context().get_trial_id()}", config.get(NODES))
+        _measure(run, _members(config[WORK], ctx, report, members), members, ctx, report)
+    except Exception as e:  # a driver-side bug must not kill the search; keep its trace
+        if members:  # else the searcher marks the group's first configuration
+            report(members[-1], {
                 m.STATE: m.ERROR,
-                m.REASON: f"{len(self.windows)} of {self.plan.num_windows} windows reported",
-            }
-        return {
-            m.STATE: m.COMPLETE,
-            m.REASON: "",
-            **summarize(self.windows, self.plan),
-            "timings": self.timings,
-        }
+                m.REASON: f"trial driver failed: {type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=8),
+            })  # fmt: skip
 
-    def _hang_markers(self) -> list[str]:
-        """What the workers' watchdogs left before ending themselves (empty: no hang)."""
-        if not self.marker_dir.is_dir():
-            return []
-        return [p.read_text().strip() for p in sorted(self.marker_dir.glob("hang-rank*.txt"))]
 
-    def _throughputs(self) -> list[float]:
-        return window_throughputs(self.windows, self.plan.global_batch)
+def _members(
+    work: Any, ctx: TrialContext, report: Callable, taken: list[Member]
+) -> Iterator[tuple[TrialPlan, dict[str, str]]]:
+    """(plan, env) of each configuration the searcher sends, appended to ``taken``; infeasible
+    ones are reported at once (and the searcher answers with the next)."""
+    while (data := work.get(timeout=WORK_TIMEOUT_S)) is not None:
+        member = Member(**data)
+        try:
+            plan, env = derive_plan(ctx, member.params, ctx.faults.get(member.number))
+        except InfeasiblePlan as e:
+            report(member, {m.STATE: m.INFEASIBLE, m.REASON: str(e), "trial_wall_s": 0.0})
+            continue
+        taken.append(member)
+        yield dataclasses.replace(plan, prune_below=member.prune_below), env
 
-    def _outcome_pruned(self, threshold: float) -> dict[str, Any]:
-        shown = ", ".join(f"{t:.1f}" for t in self._throughputs())
-        return {
-            m.STATE: m.PRUNED,
-            m.REASON: (
-                f"windows at {shown} samples/s, all below {threshold:.1f} (the best so far "
-                "minus 3x the measured noise, at least 5% each); stopped early"
-            ),
-            "window_samples_per_s": self._throughputs(),
-            "timings": self.timings,
-        }
 
-    def _outcome_hang(self, deadline_s: float) -> dict[str, Any]:
-        return {
-            m.STATE: m.HANG,
-            m.REASON: (
-                f"no result within trial_timeout_s={deadline_s:g}s "
-                f"({len(self.windows)} of {self.plan.num_windows} windows); the worker group "
-                "was ended with the trial"
-            ),
-            "timings": self.timings,
-        }
+def _measure(
+    run: Any, source: Iterator, members: list[Member], ctx: TrialContext, report: Callable
+) -> None:
+    from orchestrator.explain import comm_bound
+
+    def emit(index: int, outcome: dict[str, Any]) -> None:
+        plan = run.plans[index]
+        outcome["env"], outcome["plan"] = run.env, plan.to_dict()
+        if run.nodes:
+            outcome["nodes"] = run.nodes
+        if outcome.get(m.STATE) == m.COMPLETE:
+            outcome.update(comm_bound(plan, outcome.get(m.NUM_PARAMS, 0), ctx.link))
+        report(members[index], outcome)
+
+    run.run(source, emit)
+
+
+def measure_plans(
+    ctx: TrialContext,
+    items: list[tuple[TrialPlan, dict[str, str]]],
+    name: str,
+    on_outcome: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure plans outside the search (re-measurement, scaling), in order: consecutive plans
+    with the same environment share a worker group; one not reached is an ``error``.
+    ``on_outcome(position, outcome)`` is called as each one ends."""
+    from orchestrator.group_run import GroupRun
+
+    outcomes: list[dict[str, Any]] = []
+    for _, run in itertools.groupby(items, key=lambda item: item[1]):
+        run = list(run)
+        first = len(outcomes)
+
+        def emit(index: int, outcome: dict[str, Any], first: int = first) -> None:
+            if on_outcome is not None:
+                on_outcome(first + index, outcome)
+
+        group = GroupRun(ctx, name=f"{name}_{first:02d}")
+        for outcome in group.run(iter(run), emit) + [None] * (len(run) - len(group.plans)):
+            outcomes.append(outcome or {m.STATE: m.ERROR, m.REASON: "not reached: the group ended"})
+    return outcomes
 
 
 def storage_dir(out_dir: Path) -> str:

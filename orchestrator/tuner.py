@@ -1,7 +1,9 @@
-"""The search loop: Ray Tune runs trials, Optuna chooses them and keeps the study.
+"""The search loop: Ray Tune runs worker groups, Optuna chooses configurations and keeps the study.
 
-One trial at a time by default: a trial owns the cluster, because throughput
-measured beside another trial is not throughput.
+One group at a time by default: a group owns the cluster, because throughput measured beside
+another run is not throughput (``search.concurrency`` runs groups on disjoint nodes). A group
+is one Tune trial; each configuration it measures is an Optuna trial of its own (ask/tell), so
+the sampler learns from every one.
 """
 
 from __future__ import annotations
@@ -9,19 +11,22 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 from ray import tune
 from ray.tune.search import Searcher
-from ray.tune.search.optuna import OptunaSearch
 from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.callbacks import ProgressPrinter
 from orchestrator.outcome import prune_threshold
-from orchestrator.trial import OUTCOME, PRUNE_BELOW, TRIAL_NUMBER, TrialContext, run_trial
-from search_spaces import SearchSpace
+from orchestrator.placement import choose_nodes
+from orchestrator.proposer import Proposer
+from orchestrator.study import INTERRUPTED
+from orchestrator.trial import NODES, OUTCOME, TRIAL_NUMBER, WORK, Member, TrialContext, run_group
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S
@@ -44,113 +49,208 @@ def json_safe(value: Any) -> Any:
         return json.loads(json.dumps(value, default=str))
 
 
-class StudySearch(OptunaSearch):
-    """OptunaSearch that tells Optuna each trial's real state and records why.
+@dataclass
+class Asked:
+    """A configuration asked of Optuna and not yet told."""
 
-    Stock OptunaSearch marks any trial with a metric COMPLETE and any without one
-    PRUNED; commtune trials end with a classified state (oom, hang, crash,
-    infeasible...), which must reach Optuna as FAIL, never as a throughput of 0
-    that would mislead the sampler. The outcome is kept as user attributes so the
-    study alone can rebuild every output.
+    trial: optuna.Trial
+    params: dict[str, Any]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Group:
+    """A running worker group: its work queue and the configurations sent to it, untold."""
+
+    work: Any
+    env: tuple[tuple[str, str], ...]
+    sent: list[Asked]
+    nodes: list[str] | None = None
+    """The nodes it owns (node-disjoint concurrency); None: the whole cluster."""
+    size: int = 1
+    """Configurations sent to it so far."""
+    told: int = 0
+
+
+class GroupSearch(Searcher):
+    """Ask Optuna for configurations one at a time and feed those with the same environment
+    variables to one worker group (one Tune trial), telling Optuna each one's real state as it
+    ends and only then asking for the next: warm workers, and a sampler that learns from every
+    configuration.
+
+    Outcomes other than ``complete`` reach Optuna as FAIL (or PRUNED), never as a throughput
+    of 0 that would mislead the sampler; the outcome is kept as user attributes so the study
+    alone can rebuild every output. A configuration whose environment differs waits for the
+    next group. When a group crashes or hangs on one configuration, those it did not reach go
+    back to the front of the queue.
     """
 
-    deadline: float | None = None
-    """Wall-clock time (``time.time()``) after which no new trial starts."""
+    def __init__(
+        self,
+        ctx: TrialContext,
+        study: optuna.Study,
+        proposer: Proposer,
+        total: int,
+        make_queue: Callable[[], Any] | None = None,
+    ) -> None:
+        from orchestrator.callbacks import driver_queue
+
+        super().__init__(metric=OBJECTIVE, mode="max")
+        self.make_queue = make_queue or driver_queue
+        """A group's work queue: a Ray queue on the driver's node (tests pass a plain one)."""
+        self.ctx, self.study, self.proposer = ctx, study, proposer
+        self.total, self.asked = total, 0
+        self.group_size = ctx.config.search.group_size if ctx.config.search.warm else 1
+        self.pending: list[Asked] = []
+        self.running: dict[str, Group] = {}
+        self.deadline: float | None = None
+        """Wall-clock time (``time.time()``) after which no new configuration starts."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        # The first trial (the baseline) always runs: without it nothing can be compared.
-        if self.deadline is not None and time.time() > self.deadline and self._ot_trials:
-            if trial_id not in self._ot_trials:
-                print("time budget reached: no new trial starts", flush=True)
+        if self._out_of_time():
+            self._interrupt_pending()
             return Searcher.FINISHED
-        return super().suggest(trial_id)
+        nodes = self._nodes()
+        if nodes == []:  # no free nodes for another group now
+            return None
+        first = self._next(env=None)
+        if first is None:
+            return None if self.running else Searcher.FINISHED
+        group = Group(self.make_queue(), first.env, [], nodes)
+        self.running[trial_id] = group
+        self._send(group, first)
+        return {WORK: group.work, NODES: nodes}
+
+    def _nodes(self) -> list[str] | None:
+        """Nodes no running group uses, enough for one group (concurrency above 1 only)."""
+        if self.ctx.config.search.concurrency == 1:
+            return None
+        import ray
+
+        cluster = self.ctx.config.cluster
+        busy = {n for g in self.running.values() for n in g.nodes or ()}
+        found = choose_nodes(
+            ray.nodes(), busy, cluster.num_workers, cluster.cpus_per_worker, self.ctx.use_gpu
+        )
+        return found or []
+
+    def _next(self, env: tuple | None) -> Asked | None:
+        """The first pending configuration (with environment ``env`` if given), asking Optuna
+        for one more when none is pending."""
+        if not self.pending and self.asked < self.total:
+            self.proposer.refill(self.study)
+            trial = self.study.ask()
+            params = self.ctx.space.suggest(trial)
+            env_vars = {**self.ctx.config.env, **self.ctx.space.env_vars(params)}
+            self.pending.append(Asked(trial, params, tuple(sorted(env_vars.items()))))
+            self.asked += 1
+        match = next((a for a in self.pending if env is None or a.env == env), None)
+        if match is not None:
+            self.pending.remove(match)
+        return match
+
+    def _send(self, group: Group, asked: Asked) -> None:
+        baseline = asked.params == self.ctx.space.baseline()
+        member = Member(asked.trial.number, asked.params, None if baseline else self._threshold())
+        group.sent.append(asked)
+        group.work.put(asdict(member))
+
+    def _out_of_time(self) -> bool:
+        # The first configuration (the baseline) always runs: without it nothing compares.
+        done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        return self.deadline is not None and time.time() > self.deadline and bool(done)
+
+    def _threshold(self) -> float | None:
+        if not self.ctx.config.search.prune:
+            return None
+        done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if not done:
+            return None
+        best = max(done, key=lambda t: t.value)
+        return prune_threshold(best.value, best.user_attrs.get(m.THROUGHPUT_CV))
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        """Nothing to tell: a trial reports one record, at its end. Pruning happens inside
-        the trial against the measured noise, not through Optuna's pruner."""
+        group = self.running.get(trial_id)
+        # Tune hands over the result flattened ("outcome/env/NCCL_ALGO"); empty dicts vanish.
+        full = unflatten_dict(dict(result))
+        asked = next((a for a in group.sent if a.trial.number == full.get(TRIAL_NUMBER)), None)
+        if asked is None:
+            return
+        self._tell(asked, full.get(OUTCOME, {}))
+        group.sent.remove(asked)
+        group.told += 1
+        if group.sent:
+            return
+        nxt = None
+        if group.size < self.group_size and not self._out_of_time():
+            nxt = self._next(env=group.env)
+        if nxt is None:
+            group.work.put(None)  # the group ends; a different environment needs new workers
+        else:
+            group.size += 1
+            self._send(group, nxt)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        group = self.running.pop(trial_id, None)
+        if group is None:
             return
-        ot_trial = self._ot_trials[trial_id]
-        # Tune hands over the result flattened ("outcome/env/NCCL_ALGO"); empty dicts vanish.
-        outcome = unflatten_dict(dict(result or {})).get(OUTCOME, {})
-        if error or m.STATE not in outcome:
-            outcome.setdefault(m.STATE, m.CRASH)
-            outcome.setdefault(m.REASON, "the trial's driver process died (node lost or killed)")
-        state = outcome[m.STATE]
+        group.work.shutdown()
+        left = group.sent
+        if left and (error or not group.told):
+            # Nothing of it was told: the configuration it was on is the casualty, not the
+            # rest (and a group that can never start cannot loop forever).
+            why = "the group's driver process died (node lost or killed)" if error else (
+                "the worker group ended before measuring it")  # fmt: skip
+            self._tell(left[0], {m.STATE: m.CRASH if error else m.ERROR, m.REASON: why})
+            left = left[1:]
+        if left:
+            shown = ", ".join(str(a.trial.number) for a in left)
+            print(f"re-queued: trial(s) {shown} (their worker group ended early)", flush=True)
+            self.pending[:0] = left
+
+    def _tell(self, asked: Asked, outcome: dict[str, Any]) -> None:
+        outcome.setdefault(m.STATE, m.CRASH)
+        outcome.setdefault("params", asked.params)
         for key, value in outcome.items():
-            ot_trial.set_user_attr(key, json_safe(value))
-        ot_state = _OPTUNA_STATES.get(state, optuna.trial.TrialState.FAIL)
-        value = outcome.get(self.metric) if ot_state == optuna.trial.TrialState.COMPLETE else None
-        self._ot_study.tell(ot_trial, value, state=ot_state)
-        self._completed_trials.add(trial_id)
+            asked.trial.set_user_attr(key, json_safe(value))
+        state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
+        value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
+        self.study.tell(asked.trial, value, state=state)
 
+    def _interrupt_pending(self) -> None:
+        """Configurations asked but never run when the time budget ends: recorded as
+        interrupted and queued again, so ``--resume`` runs them."""
+        if self.pending or self.asked < self.total:
+            print("time budget reached: no new trial starts", flush=True)
+        for asked in self.pending:
+            self._tell(asked, {
+                m.STATE: INTERRUPTED,
+                m.REASON: "the time budget ended the search before it ran; --resume runs it",
+            })  # fmt: skip
+            self.study.enqueue_trial(asked.trial.params, skip_if_exists=False)
+        self.pending = []
 
-def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, trials // 4))
-    # grid runs enqueued points (conditional spaces do not fit GridSampler); random fills in
-    return optuna.samplers.RandomSampler(seed=seed)
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: the Optuna study in its storage is this searcher's memory."""
 
-
-class DefineByRun:
-    """The define-by-run function OptunaSearch calls for each new trial.
-
-    Besides the sampled params it hands the trial the pruning threshold of the
-    study so far (the trial cannot read the study: it may run on another node).
-    A class, not a closure: Tune checkpoints the searcher with plain pickle.
-    """
-
-    def __init__(self, space: SearchSpace, prune: bool) -> None:
-        self.space = space
-        self.prune = prune
-
-    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
-        sampled = self.space.suggest(trial)
-        params = {**sampled, TRIAL_NUMBER: trial.number}
-        if self.prune and sampled != self.space.baseline():  # the baseline is never pruned
-            params[PRUNE_BELOW] = study_prune_threshold(trial.study)
-        return params
-
-
-def study_prune_threshold(study: optuna.Study) -> float | None:
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not done:
-        return None
-    best = max(done, key=lambda t: t.value)
-    return prune_threshold(best.value, best.user_attrs.get(m.THROUGHPUT_CV))
+    def restore(self, checkpoint_path: str) -> None:
+        """Nothing to restore: ``--resume`` reopens the study."""
 
 
 def build_tuner(
-    ctx: TrialContext,
-    study_name: str,
-    storage: optuna.storages.BaseStorage,
-    num_samples: int,
-    points: list[dict[str, Any]],
-    out_dir: Path,
+    ctx: TrialContext, study: optuna.Study, proposer: Proposer, total: int, out_dir: Path,
     deadline: float | None = None,
-) -> tune.Tuner:
-    """A Tuner over ``num_samples`` new trials; ``points`` are enqueued first (baseline, grid)."""
-    cfg = ctx.config.search
-    searcher = StudySearch(
-        space=DefineByRun(ctx.space, cfg.prune),
-        metric=OBJECTIVE,
-        mode="max",
-        points_to_evaluate=points or None,
-        sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),
-        seed=cfg.seed,
-        study_name=study_name,
-        storage=storage,
-    )
+) -> tune.Tuner:  # fmt: skip
+    """A Tuner over ``total`` new configurations, grouped into worker groups."""
+    searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
-    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": TRIAL_CPU})
+    trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), {"cpu": TRIAL_CPU})
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
-            num_samples=num_samples,
-            max_concurrent_trials=1,
+            num_samples=total,  # at most one group per configuration
+            max_concurrent_trials=ctx.config.search.concurrency,
         ),
         run_config=tune.RunConfig(
             name="tune",

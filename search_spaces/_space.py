@@ -9,13 +9,13 @@ conditions that depend on earlier samples.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
-from ._domain import Param
+from ._domain import Param, same_value
 from ._env import PLAN_KNOBS, SpaceError, check_env, env_str, knob_defaults
 from ._expr import Condition, Constraint
 from ._load import check_unique_params
@@ -226,17 +226,38 @@ class SearchSpace:
         """Every active param at its library default: trial 0, the untouched setup."""
         return self._expand(lambda e, seen: [e.param.default], 1)[0]
 
+    def _grid_values(self, entry: _Entry, seen: Mapping[str, Any], limit: int) -> list[Any]:
+        if entry.choices:
+            return list(entry.choices)
+        if entry.constraints:
+            return self._feasible(entry, seen)
+        if entry.param.size() > limit:
+            raise SpaceError(entry.param.key, f"over {limit} values; too many for a grid")
+        return entry.param.values()
+
     def grid(self, limit: int = 10_000) -> list[dict[str, Any]]:
         """Every combination that respects conditions and constraints (for grid search)."""
+        return self._expand(lambda e, seen: self._grid_values(e, seen, limit), limit)
+
+    def grid_slice(
+        self, vary: Collection[str], base: Mapping[str, Any] | None = None, limit: int = 10_000
+    ) -> list[dict[str, Any]]:
+        """The grid points whose params outside ``vary`` keep their value in ``base``.
+
+        ``base`` defaults to the baseline; a param it lacks (inactive there) takes its
+        default. A pinned value a constraint or condition rules out drops that branch, so
+        every point is valid. Staged search needs such slices (the memory-shaping choices
+        with the rest at defaults, one knob around the best) in spaces whose full product
+        is too large to enumerate and project.
+        """
+        pinned = self.baseline() if base is None else base
 
         def options(entry: _Entry, seen: Mapping[str, Any]) -> list[Any]:
-            if entry.choices:
-                return list(entry.choices)
-            if entry.constraints:
-                return self._feasible(entry, seen)
-            if entry.param.size() > limit:
-                raise SpaceError(entry.param.key, f"over {limit} values; too many for a grid")
-            return entry.param.values()
+            values = self._grid_values(entry, seen, limit)
+            if entry.param.name in vary:
+                return values
+            value = pinned.get(entry.param.name, entry.param.default)
+            return [v for v in values if same_value(v, value)]
 
         return self._expand(options, limit)
 

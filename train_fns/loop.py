@@ -68,6 +68,10 @@ class StepRunner:
     before_optimizer: Callable[[StepRunner], None] | None = None
     """Called between the last backward and the optimizer step (gradient probes)."""
     num_params: int = 0
+    nosync_s: float | None = None
+    """The no-accumulation compute reference (``nosync_reference``), measured once."""
+    reference_s: float = 0.0
+    """Wall-clock that reference took (overhead, not measurement)."""
 
     def run_step(self, step: int) -> Tensor:
         """One optimizer step; returns its mean loss (a device tensor: no host sync per step)."""
@@ -132,17 +136,40 @@ def _block_forever() -> None:
 
 def _nosync_micro_s(runner: StepRunner, times: dict[str, float], step: int) -> float:
     """A micro-step's forward+backward without gradient sync: from the accumulation
-    micro-steps, or (no accumulation) one extra micro-step timed after the window."""
+    micro-steps, or (no accumulation) one extra micro-step timed after the first window and
+    reused (it costs a step's compute; once per configuration is enough)."""
     accumulation = runner.plan.accumulation_steps
     if accumulation > 1:
         return (times["fwd_bwd"] - times["sync_micro"]) / (accumulation - 1)
-    return runner.nosync_reference(step)
+    if runner.nosync_s is None:
+        start = time.perf_counter()
+        runner.nosync_s = runner.nosync_reference(step)
+        runner.reference_s = time.perf_counter() - start
+    return runner.nosync_s
+
+
+def _max_across_ranks(value: float) -> float:
+    """All-reduce max: a synchronous step is as slow as its slowest rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor)
 
 
 def _window_metrics(
-    runner: StepRunner, step: int, world_size: int, loss: Tensor, setup: dict[str, float]
+    runner: StepRunner,
+    step: int,
+    world_size: int,
+    loss: Tensor,
+    setup: dict[str, float],
+    window_wall_s: float,
 ) -> dict:
     times = runner.timer.take_window()
+    nosync_s = _nosync_micro_s(runner, times, step)
+    setup["reference_s"] = runner.reference_s
     return {
         m.WINDOW: window_ends(runner.plan).index(step + 1),
         m.RANK: runner.rank,
@@ -153,7 +180,7 @@ def _window_metrics(
         m.FWD_BWD_S: times["fwd_bwd"],
         m.OPTIM_S: times["optim"],
         m.SYNC_MICRO_S: times["sync_micro"],
-        m.NOSYNC_MICRO_S: _nosync_micro_s(runner, times, step),
+        m.NOSYNC_MICRO_S: nosync_s,
         m.LOSS: _mean_across_ranks(loss),
         m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
@@ -161,6 +188,8 @@ def _window_metrics(
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),
         m.NUM_PARAMS: runner.num_params,
         m.GPU_UTIL: gpu_utilization(runner.device),
+        m.WINDOW_WALL_S: window_wall_s,
+        m.GLOBAL_STEP_TIME_S: _max_across_ranks(times["total"]),
     }
 
 
@@ -186,10 +215,12 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
         precision=Precision(plan, device),
         source=make_batch_source(plan, config),
         timer=StepTimer(device),
-        fault=plan.fault if rank == plan.world_size - 1 else None,
+        # An OOM strikes every rank alike (same model, same micro-batch); a crash or a hang
+        # takes one rank, and the others must notice.
+        fault=plan.fault if plan.fault == "oom" or rank == plan.world_size - 1 else None,
     )
     runner.num_params = num_params
-    setup = {"model_build_s": model_build_s, "wrap_s": wrap_s, "warmup_s": 0.0}
+    setup = {"model_build_s": model_build_s, "wrap_s": wrap_s, "warmup_s": 0.0, "reference_s": 0.0}
     return runner, setup
 
 
@@ -211,28 +242,46 @@ def run_training(
     world_size: int,
     device: torch.device,
     report: Callable[[dict], None],
-) -> None:
+) -> bool:
     """Train ``plan`` on this rank and ``report`` one metrics dict per measurement window.
 
     Every rank reports at the same boundaries (Ray Train requires all ranks to report). The
     watchdog ends this process with ``HANG_EXIT_CODE`` if no step finishes in
-    ``plan.step_deadline_s`` seconds, set-up included.
+    ``plan.step_deadline_s`` seconds, set-up included. Returns False when the run stopped
+    early because it was clearly slower than ``plan.prune_below`` (every rank decides alike,
+    from the slowest rank's step time), True when every window was measured.
     """
     if world_size != plan.world_size:
         raise ValueError(f"plan is for world_size={plan.world_size}, running on {world_size}")
     watchdog = Watchdog(rank, plan.step_deadline_s, marker_dir=plan.marker_dir).start()
     try:
         runner, setup = build_runner(plan, rank, device)
-        ends = window_ends(plan)
-        warmup_start = time.perf_counter()
+        ends, throughputs = window_ends(plan), []
+        window_start = time.perf_counter()
         for step in range(plan.total_steps):
             loss = _run_step_with_context(runner, step)
             watchdog.beat()
             if step + 1 == plan.warmup_steps:
-                setup["warmup_s"] = time.perf_counter() - warmup_start
+                setup["warmup_s"] = time.perf_counter() - window_start
                 runner.timer.take_window()  # warm-up steps are never measured
                 runner.precision.reset_num_nonfinite()
+                window_start = time.perf_counter()
             if step + 1 in ends:
-                report(_window_metrics(runner, step, world_size, loss, setup))
+                wall_s = time.perf_counter() - window_start
+                metrics = _window_metrics(runner, step, world_size, loss, setup, wall_s)
+                report(metrics)
+                throughputs.append(plan.global_batch / metrics[m.GLOBAL_STEP_TIME_S])
+                if should_prune(throughputs, plan.prune_below):
+                    return False
+                window_start = time.perf_counter()
+        return True
     finally:
         watchdog.stop()
+
+
+def should_prune(window_throughputs: list[float], threshold: float | None) -> bool:
+    """Prune only after two measured windows (warm-up is never judged), and only when even
+    the best window is below the threshold (the best so far minus the measured noise)."""
+    if threshold is None or len(window_throughputs) < 2:
+        return False
+    return max(window_throughputs) < threshold

@@ -125,7 +125,7 @@ def check_seq_len(config: PretrainedConfig, seq_len: int) -> None:
         )
 
 
-def _model_class(task: str) -> type:
+def model_class(task: str) -> type:
     return AutoModelForMaskedLM if task == "mlm" else AutoModelForCausalLM
 
 
@@ -143,10 +143,10 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
     if getattr(config, "use_cache", None):
         config.use_cache = False  # training never reads a KV cache; building one costs memory
     torch.manual_seed(plan.seed)
-    model_class = _model_class(plan.task)
+    cls = model_class(plan.task)
     local = _local_dir(plan.model)
     if local is not None and any((local / name).is_file() for name in WEIGHT_FILES):
-        model = model_class.from_pretrained(
+        model = cls.from_pretrained(
             local,
             config=config,
             local_files_only=True,
@@ -154,7 +154,7 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
             attn_implementation=ATTN_IMPLEMENTATION,
         )
     else:
-        model = model_class.from_config(
+        model = cls.from_config(
             config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
         )
     return model.train()  # from_pretrained returns eval mode; we time training (dropout on)

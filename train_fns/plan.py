@@ -116,6 +116,9 @@ class TrialPlan:
     max_grad_norm: float | None = None
     """Clip gradients to this norm and skip a step whose norm is not finite (training runs;
     the search leaves it off so trials time exactly the step a user would run)."""
+    prune_below: float | None = None
+    """Global samples/s below which this configuration is clearly slower than the best so
+    far: after two windows below it the workers stop measuring it (None: never)."""
     first_step: int = 0
     first_sample: int = 0
     """The data position: step ``first_step`` starts at global sample ``first_sample``. A

@@ -29,6 +29,8 @@ EXPECTED_KEYS = {
     m.NUM_NONFINITE,
     m.NUM_PARAMS,
     m.GPU_UTIL,
+    m.WINDOW_WALL_S,
+    m.GLOBAL_STEP_TIME_S,
 }
 ENV_NAMES = ("NCCL_SOCKET_NTHREADS", "NCCL_UNSET_FOR_TEST")
 CONFIGS = {
@@ -87,8 +89,13 @@ def test_every_rank_reports_every_window(
             assert report[m.NUM_NONFINITE] == 0
             assert torch.isfinite(torch.tensor(report[m.LOSS]))
             assert report[m.ENV_SEEN] == {"NCCL_SOCKET_NTHREADS": "4", "NCCL_UNSET_FOR_TEST": None}
-            assert set(report[m.SETUP_S]) == {"model_build_s", "wrap_s", "warmup_s"}
-            assert all(seconds > 0 for seconds in report[m.SETUP_S].values())
+            setup = dict(report[m.SETUP_S])
+            assert set(setup) == {"model_build_s", "wrap_s", "warmup_s", "reference_s"}
+            # the no-sync reference step runs once (at the first window) without accumulation
+            accumulation = CONFIGS[config].get("accumulation_steps", 1)
+            assert (setup.pop("reference_s") > 0) == (accumulation == 1)
+            assert all(seconds > 0 for seconds in setup.values())
+            assert 0 < report[m.WINDOW_WALL_S] and report[m.GLOBAL_STEP_TIME_S] > 0
     # The loss is averaged across ranks, so every rank reports the same value.
     losses = [[r[m.LOSS] for r in results[config]] for results in reports_by_rank]
     assert losses[0] == losses[1]

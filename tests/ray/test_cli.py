@@ -1,5 +1,5 @@
 """The smoke preset end to end through the CLI, as a user runs it (with the probe, the
-single-worker baseline and the report)."""
+single-worker baseline, the report and the overhead accounting)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from orchestrator.config import load_config
+from orchestrator.results import TIMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +62,13 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert rows[0]["state"] == "complete" and float(rows[0]["samples_per_s"]) > 0
     assert 0 <= float(rows[0]["comm_fraction"]) < 1 and float(rows[0]["compute_s"]) > 0
     assert all(r["state"] for r in rows)
+    # where each trial's wall-clock went: the parts add up to it, measured steps included
+    for r in rows:
+        parts = sum(float(r[k]) for k in TIMING_PARTS)
+        assert parts == pytest.approx(float(r["trial_wall_s"]), rel=0.02), r
+        assert float(r["measured_s"]) > 0 and 0 < float(r["measured_share"]) <= 1
+    assert float(rows[0]["start_s"]) > 0  # the group's first trial paid its start
+    assert "measured share of search time:" in proc.stdout and info["search_wall_s"] > 0
 
     best = load_config(str(out / "best.yaml"))
     assert best.strategy in ("ddp", "fsdp")

@@ -47,7 +47,7 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
             "--out",
             str(out),
             "--trials",
-            "4",
+            "5",
             "--set",
             "search.prune=false",
             "--set",
@@ -62,12 +62,16 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
     assert rows[1]["state"] == "crash" and "died" in rows[1]["reason"]
     assert rows[2]["state"] == "hang" and "step_deadline_s=15" in rows[2]["reason"]
     assert rows[3]["state"] == "oom" and "micro_batch=" in rows[3]["reason"]
+    # a crash or a hang ends its worker group (the next trial starts a new one); an OOM on
+    # every rank does not: trial 4 is measured by trial 3's workers
+    assert all(float(rows[n]["start_s"]) > 0 for n in (0, 2, 3))
+    assert rows[4]["state"] == "complete" and float(rows[4]["start_s"]) == 0
     # the hang is ended within its deadline plus start-up and teardown, not a timeout later
     assert float(rows[2]["trial_wall_s"]) < DEADLINE_S + 45
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
     assert states[0] == optuna.trial.TrialState.COMPLETE
-    assert states[1:] == [optuna.trial.TrialState.FAIL] * 3, "never a throughput of 0"
+    assert states[1:4] == [optuna.trial.TrialState.FAIL] * 3, "never a throughput of 0"
     assert not _train_workers(), "no process of a trial survives the search"
 
 
@@ -78,7 +82,9 @@ def _ray_session_pids(session: str) -> list[int]:
 
 def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     out = tmp_path / "resume"
+    # 30 measured steps: a trial takes seconds even in a warm group, so the kill lands in one
     args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
+    args += ["--set", "search.measure_steps=30"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.search", *args],
         cwd=ROOT,
@@ -119,7 +125,7 @@ def _wait_for_second_trial(storage: str, proc: subprocess.Popen) -> float:
         except (KeyError, Exception):
             trials = []
         if len(trials) >= 2 and trials[0].state.is_finished():
-            time.sleep(3)  # well inside trial 1
+            time.sleep(1)  # well inside trial 1
             return trials[0].user_attrs["samples_per_s"]
         time.sleep(1)
     raise AssertionError("trial 1 never started")

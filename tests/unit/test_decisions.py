@@ -5,13 +5,13 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from orchestrator.outcome import MIN_NOISE, prune_threshold, should_prune
+from orchestrator.outcome import MIN_NOISE, prune_threshold
 from orchestrator.remeasure import compare, finalists, interleave
 from orchestrator.results import TrialRecord, baseline_record
 from orchestrator.study import INTERRUPTED, counted, requeue_interrupted
-from orchestrator.tuner import DefineByRun
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
+from train_fns.loop import should_prune
 
 
 def test_prune_threshold_respects_measured_noise() -> None:
@@ -37,24 +37,6 @@ def _space() -> SearchSpace:
         global_batch=16,
     )
     return SearchSpace(load_spaces(["accumulation", "ddp"]), ctx)
-
-
-def test_baseline_is_never_given_a_prune_threshold() -> None:
-    space = _space()
-    study = optuna.create_study(direction="maximize")
-    study.enqueue_trial(space.optuna_params(space.baseline()))
-    define = DefineByRun(space, prune=True)
-    for value in (100.0, 50.0, 70.0):
-        trial = study.ask()
-        params = define(trial)
-        if params == {**space.baseline(), "trial_number": trial.number}:
-            assert "_prune_below" not in params
-        study.tell(trial, value)
-    study.enqueue_trial(space.optuna_params(space.baseline()))
-    trial = study.ask()
-    assert "_prune_below" not in define(trial)  # baseline again, after a best exists
-    other = define(study.ask())
-    assert other["_prune_below"] == pytest.approx(100.0 * (1 - 3 * MIN_NOISE))
 
 
 def _rec(number: int, value: float | None, params: dict) -> TrialRecord:

@@ -1,0 +1,98 @@
+"""Where a search's wall-clock goes, with warm evaluation on and off, side by side in one run.
+
+For each preset (``smoke``, ``cpu-demo`` by default) it runs the real search twice, cold
+(``search.warm=false``: fresh workers for every configuration) and warm (configurations that
+share environment variables share a worker group), with the same seed, no re-measurement and no
+scaling baseline, and prints the measured share of the trials' wall-clock (measured steps over
+the time from the first trial's start to the last one's end) and its largest overheads, read
+from each run's ``trials.csv`` and ``run_info.json``.
+
+    python -m benchmarks.overhead                     # both presets (about 15 min on 2 cores)
+    python -m benchmarks.overhead --presets smoke     # one
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from orchestrator.results import TIMING_PARTS
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ["--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"]
+
+
+def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str, float]:
+    """One real search; returns its totals (seconds) and the command's wall-clock."""
+    args = ["--preset", preset, "--out", str(out), "--set", f"search.warm={warm}", *QUIET, *extra]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", *args], cwd=ROOT, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{preset} warm={warm} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    totals = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
+    totals["trials"] = len(rows)
+    totals["search_wall_s"] = json.loads((out / "run_info.json").read_text())["search_wall_s"]
+    totals["command_s"] = time.monotonic() - started
+    return totals
+
+
+def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
+    parts = ["start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s"]
+    head = f"{'preset':10} {'evaluation':10} {'trials':>6} {'command':>8} {'trials wall':>11} "
+    head += f"{'measured':>9} {'share':>6}  " + " ".join(
+        f"{p.removesuffix('_s'):>8}" for p in parts
+    )
+    lines = [head, "-" * len(head)]
+    for (preset, mode), t in results.items():
+        wall = t["search_wall_s"]
+        unaccounted = wall - sum(t[k] for k in TIMING_PARTS)  # scheduling, group teardown
+        shown = " ".join(f"{t[p] + (unaccounted if p == 'other_s' else 0):8.1f}" for p in parts)
+        lines.append(
+            f"{preset:10} {mode:10} {int(t['trials']):6d} {t['command_s']:7.0f}s {wall:10.0f}s "
+            f"{t['measured_s']:8.0f}s {t['measured_s'] / wall:6.0%}  {shown}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
+    p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
+    args = p.parse_args(argv)
+    extra = [item for kv in args.set for item in ("--set", kv)]
+    results: dict[tuple[str, str], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
+        for preset in args.presets:
+            for warm in (False, True):
+                mode = "warm" if warm else "cold"
+                print(f"running {preset} ({mode})...", flush=True)
+                results[preset, mode] = run_search(
+                    preset, warm, Path(tmp) / f"{preset}-{mode}", extra
+                )
+    print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
+    print("\n".join(table(results)))
+    for preset in args.presets:
+        cold, warm = results[preset, "cold"], results[preset, "warm"]
+        ratio = warm["search_wall_s"] / cold["search_wall_s"]
+        print(
+            f"{preset}: warm/cold trials wall-clock {ratio:.2f}x, "
+            f"measured share {cold['measured_s'] / cold['search_wall_s']:.0%} -> "
+            f"{warm['measured_s'] / warm['search_wall_s']:.0%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

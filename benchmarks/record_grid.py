@@ -1,0 +1,68 @@
+"""Record the landscape of a real search space: every grid point measured on this machine.
+
+Runs ``python -m orchestrator.search`` with the grid sampler over the whole space of a preset
+(warm evaluation, no pruning, no cost-model seeds, no re-measurement) and writes one row per
+grid point: the params under their real names (empty where inactive), ``samples_per_s``,
+``cv`` (the trial's window spread) and ``state``. ``benchmarks/search_efficiency.py`` replays
+it. The stored ``benchmarks/data/cpu_demo_grid.csv`` came from:
+
+    python -m benchmarks.record_grid --preset cpu-demo --csv benchmarks/data/cpu_demo_grid.csv
+
+(about 25 minutes on the 2-core CI machine; nothing else should run meanwhile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXED = [
+    "search.sampler=grid", "search.trials=100000", "search.prune=false", "search.remeasure_top=0",
+    "search.scaling_baseline=false", "search.cost_model_seeds=0", "search.group_size=100000",
+]  # fmt: skip
+
+
+def record(preset: str, out: Path, extra: list[str]) -> Path:
+    """Run the grid search into ``out``; returns its trials.csv."""
+    sets = [item for kv in [*FIXED, *extra] for item in ("--set", kv)]
+    cmd = [sys.executable, "-m", "orchestrator.search", "--preset", preset, "--out", str(out)]
+    subprocess.run([*cmd, *sets], cwd=ROOT, check=True)
+    return out / "trials.csv"
+
+
+def convert(trials_csv: Path, dest: Path) -> int:
+    """trials.csv -> the landscape format; returns the number of rows."""
+    rows = list(csv.DictReader(trials_csv.open()))
+    header = list(rows[0])
+    names = header[header.index("state") + 1 : header.index("samples_per_s")]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with dest.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*names, "samples_per_s", "cv", "state"])
+        for r in rows:
+            writer.writerow([*(r[n] for n in names), r["samples_per_s"], r["throughput_cv"],
+                             r["state"]])  # fmt: skip
+    return len(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="cpu-demo")
+    p.add_argument("--csv", required=True, type=Path, help="where the landscape goes")
+    p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="commtune-grid-") as tmp:
+        count = convert(record(args.preset, Path(tmp) / "grid", args.set), args.csv)
+    print(f"{count} grid points written to {args.csv} in {time.monotonic() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

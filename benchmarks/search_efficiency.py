@@ -1,0 +1,160 @@
+"""How many trials each search strategy needs to get within 3% of the best configuration.
+
+``python -m benchmarks.search_efficiency [--seeds 20] [--landscape NAME ...]``
+
+For each landscape (a recorded cpu-demo grid, and BERT-large on the motivating GPU clusters
+simulated by :mod:`benchmarks.gpu_model`) and each strategy, a fresh in-memory Optuna study
+is driven as the live search drives it: baseline first, ``Proposer.refill`` before every
+ask, a noisy value told per evaluation (relative noise of the point's CV, drawn from the
+run's seed), infeasible points told as FAIL. A run stops when the best *true* value among
+the configurations it evaluated is within 3% of the grid optimum, or at the cap (the grid
+size, or ``--max-trials`` if smaller: TPE slows down past a few hundred trials; shown as
+``>cap``, which ranks a missed run above any finished one). The Proposer's budget is the
+matching preset's ``search.trials`` (12 for cpu-demo, 40 for bert-large); past it, the
+sampler goes on alone.
+
+``staged`` gets the cost-model seeds (the default); ``staged-noseed`` is the ablation;
+``tpe`` and ``random`` are the plain samplers. ``grid`` walks the grid in order, which
+no seed or noise changes, so its count is exact and the same for every seed.
+
+Targets: the default's median is at most a fifth of the grid size and no more than
+random's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import optuna
+
+from benchmarks import gpu_model
+from benchmarks.landscapes import CPU_DEMO_CSV, Landscape, load_recorded, simulated
+from orchestrator.proposer import Proposer, make_sampler
+
+TOLERANCE = 0.03
+RUNS = (  # label, strategy, seeded
+    ("staged", "staged", True),
+    ("staged-noseed", "staged", False),
+    ("tpe", "tpe", False),
+    ("random", "random", False),
+    ("grid", "grid", False),
+)
+DEFAULT = "staged"
+
+
+def trials_to_target(
+    land: Landscape, strategy: str, seeded: bool, seed: int, cap: int, tolerance: float
+) -> int:
+    """Trials until a configuration within ``tolerance`` of the optimum was evaluated."""
+    space, target = land.space, (1 - tolerance) * land.best
+    study = optuna.create_study(
+        direction="maximize", sampler=make_sampler(strategy, seed, land.budget)
+    )
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, strategy, land.budget, land.seeds if seeded else ())
+    noise = random.Random(seed)
+    for number in range(1, cap + 1):
+        proposer.refill(study)
+        trial = study.ask()
+        point = land.lookup(space.suggest(trial))
+        if point.value is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        study.tell(trial, point.value * (1 + noise.gauss(0.0, point.cv)))
+        if point.value >= target:
+            return number
+    return cap + 1
+
+
+def grid_trials(land: Landscape, tolerance: float) -> int:
+    """Where the grid strategy gets there: its order (baseline, then ``space.grid()``) does
+    not depend on the seed or the noise, so it is walked directly, to the end if need be."""
+    space, target = land.space, (1 - tolerance) * land.best
+    baseline = space.optuna_params(space.baseline())
+    order = [p for p in space.grid() if space.optuna_params(p) != baseline]
+    for number, params in enumerate([space.baseline(), *order], start=1):
+        value = land.lookup(params).value
+        if value is not None and value >= target:
+            return number
+    raise AssertionError("the grid holds its own optimum")
+
+
+def summary(counts: Sequence[int], cap: int) -> tuple[float, str]:
+    """Median, and the text ``median [p25-p75] (max N)`` (``>cap`` for runs that missed)."""
+    q1, median, q3 = statistics.quantiles(counts, n=4, method="inclusive")
+
+    def show(x: float) -> str:
+        return f">{cap}" if x > cap else f"{x:g}"
+
+    return median, f"{show(median)} [{show(q1)}-{show(q3)}] (max {show(max(counts))})"
+
+
+def bench(land: Landscape, seeds: Sequence[int], max_trials: int, tolerance: float) -> list[str]:
+    """The table of one landscape, then whether the targets hold."""
+    size = len(land.points)
+    cap = min(size, max_trials)
+    feasible = sum(p.value is not None for p in land.points.values())
+    near = sum(p.value is not None and p.value >= (1 - tolerance) * land.best
+               for p in land.points.values())  # fmt: skip
+    head = f"== {land.name}: grid {size} points ({feasible} run, {near} within {tolerance:.0%}"
+    lines = [f"{head} of the best {land.best:.1f} samples/s), budget {land.budget}"]
+    column = f"trials to within {tolerance:.0%}: median [p25-p75] (max)"
+    lines.append(f"   {'strategy':<14} {column:<46} /grid")
+    medians = {}
+    for label, strategy, seeded in RUNS:
+        if strategy == "grid":
+            counts = [grid_trials(land, tolerance)] * len(seeds)
+        else:
+            counts = [trials_to_target(land, strategy, seeded, s, cap, tolerance) for s in seeds]
+        medians[label], text = summary(counts, size if strategy == "grid" else cap)
+        lines.append(f"   {label:<14} {text:<46} {medians[label] / size:.3f}")
+    default = medians[DEFAULT]
+    lines.append(
+        f"   target {DEFAULT} median <= grid/5 ({size / 5:g}): "
+        f"{'ok' if default <= size / 5 else 'MISSED'}; <= random's ({medians['random']:g}): "
+        f"{'ok' if default <= medians['random'] else 'MISSED'}"
+    )
+    return lines
+
+
+def landscapes(names: Sequence[str] | None, csv_path: Path) -> list[Landscape]:
+    """The selected landscapes; a missing recording is said, not fatal."""
+    chosen = []
+    if not names or "cpu-demo" in names:
+        try:
+            chosen.append(load_recorded(csv_path))
+        except FileNotFoundError as e:
+            print(f"skipping cpu-demo: {e}")
+    for cluster in gpu_model.CLUSTERS:
+        if not names or cluster.name in names:
+            chosen.append(simulated(cluster))
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    names = ["cpu-demo", *(c.name for c in gpu_model.CLUSTERS)]
+    p = argparse.ArgumentParser(prog="python -m benchmarks.search_efficiency", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--seeds", type=int, default=20, help="runs per strategy (default 20)")
+    p.add_argument("--landscape", action="append", choices=names, help="repeatable; default all")
+    p.add_argument("--max-trials", type=int, default=400,
+                   help="stop a run here (default 400; the grid size if smaller)")  # fmt: skip
+    p.add_argument("--cpu-demo-csv", default=str(CPU_DEMO_CSV), help="recorded cpu-demo grid")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+                   help="how close to the grid's best counts as there (default 0.03)")  # fmt: skip
+    args = p.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.perf_counter()
+    for land in landscapes(args.landscape, Path(args.cpu_demo_csv)):
+        lines = bench(land, range(args.seeds), args.max_trials, args.tolerance)
+        print("\n".join(lines), flush=True)
+    print(f"total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Warm evaluation (``evaluate_plans``) on two gloo ranks: configurations share the processes
+and the process group, and nothing else."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from _spawn import run_distributed
+from _tiny import CPU, tiny_plan
+
+from train_fns import metrics as m
+from train_fns.group import END, START, evaluate_plans
+from train_fns.plan import TrialPlan
+
+MEASURE = {"warmup_steps": 1, "measure_steps": 4, "num_windows": 2}
+SEQUENCE = {
+    "ddp": tiny_plan(**MEASURE),
+    "fsdp-accum2": tiny_plan(strategy="fsdp", accumulation_steps=2, **MEASURE),
+    "ddp-again": tiny_plan(**MEASURE),
+    "oom": tiny_plan(fault="oom", **MEASURE),
+    "after-oom": tiny_plan(**MEASURE),
+    "pruned": tiny_plan(prune_below=1e12, warmup_steps=1, measure_steps=6, num_windows=3),
+}
+
+
+def _group_worker(rank: int, world_size: int, plans: list[dict]) -> list[dict]:
+    sent: list[dict] = []
+    queue = iter([TrialPlan.from_dict(p) for p in plans])
+    live = []
+
+    def send(message: dict) -> None:
+        if message["kind"] == START:  # what the previous configurations left alive
+            live.append(sum(isinstance(o, torch.nn.Module) for o in gc.get_objects()))
+        sent.append(message)
+
+    evaluate_plans(lambda: next(queue, None), rank, world_size, CPU, send)
+    live.append(sum(isinstance(o, torch.nn.Module) for o in gc.get_objects()))
+    sent.append({"kind": "live_modules", "counts": live})
+    return sent
+
+
+@pytest.fixture(scope="module")
+def ends_by_rank() -> list[dict[str, dict]]:
+    plans = [plan.to_dict() for plan in SEQUENCE.values()]
+    sent = run_distributed(_group_worker, plans, timeout_s=180)
+    starts = [msg["index"] for msg in sent[0] if msg["kind"] == START]
+    assert starts == list(range(len(SEQUENCE)))  # rank 0 announces each configuration
+    # every model is freed before the next starts: as many live modules before each
+    # configuration, and after the last, as before the first (library-owned ones)
+    counts = sent[0][-1]["counts"]
+    assert len(counts) == len(SEQUENCE) + 1 and len(set(counts)) == 1, counts
+    names = list(SEQUENCE)
+    return [{names[msg["index"]]: msg for msg in msgs if msg["kind"] == END} for msgs in sent]
+
+
+def _losses(end: dict) -> list[float]:
+    return [w[m.LOSS] for w in end["windows"]]
+
+
+def test_no_state_leaks_between_configurations(ends_by_rank: list[dict[str, dict]]) -> None:
+    """The same configuration before and after another one (FSDP, accumulation) and after an
+    out-of-memory error trains identically: same initial weights, data, optimizer state."""
+    for ends in ends_by_rank:
+        assert ends["fsdp-accum2"]["status"] == m.COMPLETE
+        first = _losses(ends["ddp"])
+        assert len(first) == 2
+        assert _losses(ends["ddp-again"]) == first
+        assert _losses(ends["after-oom"]) == first
+
+
+def test_out_of_memory_is_recorded_and_the_group_goes_on(
+    ends_by_rank: list[dict[str, dict]],
+) -> None:
+    for ends in ends_by_rank:
+        assert ends["oom"]["status"] == m.OOM
+        assert "out of memory" in ends["oom"]["reason"]
+        assert ends["oom"]["windows"] == []
+        assert ends["after-oom"]["status"] == m.COMPLETE
+
+
+def test_a_clearly_slower_configuration_stops_after_two_windows(
+    ends_by_rank: list[dict[str, dict]],
+) -> None:
+    for ends in ends_by_rank:
+        assert ends["pruned"]["status"] == m.PRUNED
+        assert len(ends["pruned"]["windows"]) == 2  # of 3
+
+
+def test_every_window_carries_its_measured_wall_clock(ends_by_rank: list[dict[str, dict]]) -> None:
+    for ends in ends_by_rank:
+        for window in ends["ddp"]["windows"]:
+            assert window[m.WINDOW_WALL_S] > 0
+            assert window[m.GLOBAL_STEP_TIME_S] >= window[m.STEP_TIME_S]

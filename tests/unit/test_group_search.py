@@ -1,0 +1,129 @@
+"""The searcher's grouping: configurations go to a worker group only with its exact environment,
+one at a time, each told to Optuna; what a dead group had not measured runs later. No Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.outcome import MIN_NOISE
+from orchestrator.proposer import Proposer
+from orchestrator.trial import OUTCOME, TRIAL_NUMBER, WORK, TrialContext
+from orchestrator.tuner import GroupSearch
+from search_spaces import SearchContext, SearchSpace, load_spaces
+from train_fns import metrics as m
+
+TOTAL = 12
+
+
+class ListQueue:
+    """What the searcher needs of a Ray queue."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.closed = False
+
+    def put(self, item: object) -> None:
+        self.items.append(item)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+def _search(
+    group_size: int = 4, warm: bool = True, spaces: tuple = ("accumulation", "nccl")
+) -> GroupSearch:
+    sets = [f"search.group_size={group_size}", f"search.warm={warm}", "search.prune=false"]
+    config = load_config(None, "smoke", sets)
+    context = SearchContext("nccl", "ddp", True, 2, 1, config.workload.global_batch)
+    space = SearchSpace(load_spaces(list(spaces)), context)
+    ctx = TrialContext(config, space, True, "/unused", "mlm")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    return GroupSearch(ctx, study, Proposer(space, "random", TOTAL), TOTAL, ListQueue)
+
+
+def _result(number: int, state: str = m.COMPLETE, value: float = 100.0) -> dict:
+    outcome = {m.STATE: state, m.REASON: "", m.SAMPLES_PER_S: value}
+    return {TRIAL_NUMBER: number, f"{OUTCOME}/{m.STATE}": state, f"{OUTCOME}/{m.REASON}": "",
+            f"{OUTCOME}/{m.SAMPLES_PER_S}": outcome[m.SAMPLES_PER_S]}  # fmt: skip
+
+
+def _run_all(search: GroupSearch) -> list[list[dict]]:
+    """Drive the searcher as Tune does, completing every configuration; members by group."""
+    groups, n = [], 0
+    while (config := search.suggest(f"t{n}")) not in (None, search.FINISHED):
+        work, members = config[WORK], []
+        while (member := work.items[len(members)]) is not None:
+            members.append(member)
+            search.on_trial_result(f"t{n}", _result(member["number"]))
+        search.on_trial_complete(f"t{n}")
+        assert work.closed
+        groups.append(members)
+        n += 1
+    return groups
+
+
+def test_a_group_holds_only_configurations_with_its_exact_environment() -> None:
+    search = _search(group_size=4)
+    groups = _run_all(search)
+    space = search.ctx.space
+    assert sum(len(g) for g in groups) == TOTAL
+    assert all(1 <= len(g) <= 4 for g in groups)
+    envs = [[space.env_vars(member["params"]) for member in g] for g in groups]
+    assert all(all(env == g[0] for env in g) for g in envs)
+    # consecutive groups differ in environment unless the first was full
+    for before, after, members in zip(envs, envs[1:], groups, strict=False):
+        assert before[0] != after[0] or len(members) == 4
+    assert groups[0][0]["params"] == space.baseline() and groups[0][0]["prune_below"] is None
+    done = search.study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) == TOTAL
+
+
+def test_cold_evaluation_gives_every_configuration_its_own_group() -> None:
+    groups = _run_all(_search(warm=False))
+    assert [len(g) for g in groups] == [1] * TOTAL
+
+
+def test_a_dead_group_loses_only_the_configuration_it_was_on() -> None:
+    search = _search(group_size=8, spaces=("accumulation",))  # one environment for all
+    config = search.suggest("t0")
+    baseline = config[WORK].items[0]
+    search.on_trial_result("t0", _result(baseline["number"]))
+    sent = config[WORK].items[1]  # the next one, sent when the baseline was told
+    assert sent is not None
+    search.on_trial_complete("t0")  # the group ended before reporting it: re-queued
+    again = search.suggest("t1")[WORK].items[0]
+    assert again["number"] == sent["number"]
+    search.on_trial_complete("t1", error=True)  # its driver died: that one is the casualty
+    trial = search.study.trials[sent["number"]]
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs[m.STATE] == m.CRASH
+
+
+@pytest.mark.parametrize("state", [m.OOM, m.HANG, m.PRUNED])
+def test_failed_configurations_reach_optuna_as_failures_not_zero(state: str) -> None:
+    search = _search()
+    config = search.suggest("t0")
+    number = config[WORK].items[0]["number"]
+    search.on_trial_result("t0", _result(number, state=state, value=None))
+    trial = search.study.trials[number]
+    assert trial.value is None and trial.user_attrs[m.STATE] == state
+    expected = optuna.trial.TrialState.PRUNED if state == m.PRUNED else optuna.trial.TrialState.FAIL
+    assert trial.state == expected
+
+
+def test_only_configurations_after_a_best_get_a_prune_threshold() -> None:
+    search = _search(group_size=8, spaces=("accumulation",))
+    search.ctx = dataclasses.replace(
+        search.ctx, config=load_config(None, "smoke", ["search.prune=true"])
+    )
+    config = search.suggest("t0")
+    work = config[WORK]
+    assert work.items[0]["prune_below"] is None  # the baseline is never pruned
+    search.on_trial_result("t0", _result(work.items[0]["number"], value=100.0))
+    assert work.items[1]["prune_below"] == pytest.approx(100.0 * (1 - 3 * MIN_NOISE))

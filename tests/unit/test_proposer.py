@@ -1,0 +1,156 @@
+"""Search strategies against a synthetic objective on in-memory Optuna studies (no Ray)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+
+from orchestrator.costmodel import LINKS, ModelSize
+from orchestrator.proposer import (
+    STRATEGIES,
+    Proposer,
+    cost_model_seeds,
+    make_sampler,
+)
+from search_spaces import SearchContext, SearchSpace, load_spaces
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ALL = ["strategy", "accumulation", "ddp", "fsdp", "nccl"]
+TWO_NODES = SearchContext("nccl", "search", True, 8, 2, 64)
+CPU = SearchContext("gloo", "search", False, 2, 1, 32)
+BEST_SHAPE = ("fsdp", 2, False, False)  # strategy, accumulation, checkpointing, reshard
+
+
+def _space(context: SearchContext = TWO_NODES) -> SearchSpace:
+    return SearchSpace(load_spaces(ALL), context)
+
+
+def _objective(p: dict[str, Any]) -> float | None:
+    """Best at BEST_SHAPE, then rewards many sockets (pressing on the constraint); a few
+    configurations fail, as OOMs do."""
+    if p.get("accumulation_steps") == 16:
+        return None
+    shape = (p["strategy"], p["accumulation_steps"], p.get("activation_checkpointing"),
+             p.get("reshard_after_forward"))  # fmt: skip
+    value = 100.0 if shape == BEST_SHAPE else 50.0 + p["accumulation_steps"]
+    sockets = p.get("NCCL_SOCKET_NTHREADS", 1) * p.get("NCCL_NSOCKS_PERTHREAD", 1)
+    return value + sockets / 8 + (p.get("bucket_cap_mb") or 0) / 100
+
+
+def _run(space: SearchSpace, strategy: str, budget: int, n: int, seeds=()) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(strategy, 0, budget))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, strategy, budget, seeds)
+    for _ in range(n):
+        proposer.refill(study)
+        trial = study.ask()
+        value = _objective(space.suggest(trial))
+        state = optuna.trial.TrialState.FAIL if value is None else None
+        study.tell(trial, value, state=state)
+    return study
+
+
+def _enqueued(study: optuna.Study) -> list[dict[str, Any]]:
+    return [t.params for t in study.trials if "fixed_params" in t.system_attrs]
+
+
+def _shape(p: dict[str, Any]) -> tuple:
+    return (p["strategy"], p["accumulation_steps"], p.get("activation_checkpointing"),
+            p.get("reshard_after_forward"))  # fmt: skip
+
+
+def test_grid_slice_is_the_projection_of_the_grid() -> None:
+    space = _space(CPU)
+    memory = ["strategy", "accumulation_steps", "activation_checkpointing", "reshard_after_forward"]
+    got = space.grid_slice(memory)
+    assert [_shape(p) for p in got] == list(dict.fromkeys(_shape(p) for p in space.grid()))
+    defaults = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False}
+    assert all(p.get(k, v) == v for p in got for k, v in defaults.items())
+
+
+def test_grid_slice_drops_pinned_values_a_constraint_rules_out() -> None:
+    space = _space()
+    base = {**space.baseline(), "NCCL_SOCKET_NTHREADS": 16}
+    sweep = space.grid_slice(["NCCL_NSOCKS_PERTHREAD"], base)
+    assert [p["NCCL_NSOCKS_PERTHREAD"] for p in sweep] == [1, 2, 3, 4]
+    base = {**space.baseline(), "NCCL_NSOCKS_PERTHREAD": 16}
+    assert [p["NCCL_SOCKET_NTHREADS"] for p in space.grid_slice(["NCCL_SOCKET_NTHREADS"], base)]
+
+
+def test_staged_points_are_valid_points_of_the_space() -> None:
+    space = _space()
+    study = _run(space, "staged", 40, 45)
+    for params in _enqueued(study):
+        full = space.from_optuna_params(params)
+        assert space.optuna_params(full) == params
+        assert "static_graph" not in full or full["accumulation_steps"] == 1
+        assert full.get("NCCL_NSOCKS_PERTHREAD", 1) * full.get("NCCL_SOCKET_NTHREADS", 1) <= 64
+
+
+def test_staged_never_enqueues_twice_and_stops_for_stage_3() -> None:
+    study = _run(_space(), "staged", 40, 45)
+    keys = [repr(sorted(p.items())) for p in _enqueued(study)]
+    assert len(keys) == len(set(keys))
+    assert len(keys) <= 40 - 10  # stage 3's quarter is left to the sampler
+
+
+def test_stage_2_starts_from_the_best_stage_1_shape() -> None:
+    space = _space()
+    study = _run(space, "staged", 40, 30)
+    full = [space.from_optuna_params(t.params) for t in study.trials]
+    first_knob = next(i for i, p in enumerate(full) if p.get("NCCL_ALGO") is not None)
+    stage1 = {_shape(p) for p in full[:first_knob]}
+    assert BEST_SHAPE in stage1
+    assert all(_shape(p) == BEST_SHAPE for p in full[first_knob : first_knob + 2])
+
+
+def test_staged_is_deterministic_and_resumes_from_the_study() -> None:
+    space = _space()
+    first, second = _run(space, "staged", 40, 30), _run(space, "staged", 40, 30)
+    assert [t.params for t in first.trials] == [t.params for t in second.trials]
+    study = _run(space, "staged", 40, 12)
+    restarted = Proposer(space, "staged", 40)  # a new driver: only the study remembers
+    continued = _run(space, "staged", 40, 13)
+    restarted.refill(study)
+    queued = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued[0].system_attrs["fixed_params"] == continued.trials[12].params
+
+
+@pytest.mark.parametrize("strategy", ["staged", "tpe", "random"])
+def test_seeds_come_first_after_the_baseline(strategy: str) -> None:
+    space = _space()
+    seeds = cost_model_seeds(space, ModelSize.bert_large(), LINKS["net_100g"], 0.02, 3)
+    study = _run(space, strategy, 40, 6, [space.baseline(), *seeds, seeds[0]])
+    got = [space.from_optuna_params(t.params) for t in study.trials[1:4]]
+    assert got == seeds  # the baseline and the repeated seed are not measured again
+
+
+def test_grid_enqueues_every_point_in_order() -> None:
+    space = _space(CPU)
+    grid = space.grid()
+    study = _run(space, "grid", 12, len(grid))
+    got = [space.from_optuna_params(t.params) for t in study.trials]
+    assert got == [space.baseline(), *(p for p in grid if p != space.baseline())]
+
+
+def test_cost_model_seeds_are_distinct_valid_points() -> None:
+    space = _space()
+    seeds = cost_model_seeds(space, ModelSize.bert_large(), LINKS["pcie_v100"], 0.02, 5)
+    assert len(seeds) == 5
+    assert space.baseline() not in seeds
+    for seed in seeds:
+        assert space.from_optuna_params(space.optuna_params(seed)) == seed
+        assert all(seed.get(k) == v for k, v in space.baseline().items() if k.startswith("NCCL"))
+
+
+def test_make_sampler() -> None:
+    assert isinstance(make_sampler("staged", 0, 40), optuna.samplers.TPESampler)
+    assert all(make_sampler(s, 0, 8) is not None for s in STRATEGIES)
+    assert isinstance(make_sampler("grid", 0, 8), optuna.samplers.RandomSampler)
+    with pytest.raises(ValueError, match="unknown search strategy"):
+        make_sampler("cmaes", 0, 8)
+    with pytest.raises(ValueError, match="budget"):
+        Proposer(_space(CPU), "staged", 0)
