@@ -13,6 +13,15 @@ from collections.abc import Iterable
 from typing import Any
 
 NODE_LABEL = "ray.io/node-id"
+HEAD_RESOURCE = "node:__internal_head__"
+"""A resource only the head node has: with concurrency, each group's Tune trial (a 0.01-CPU
+sliver that only waits) is held to the head, or its sliver on a worker node would leave that
+node one CPU short of a whole group and the group would wait forever."""
+
+
+def trial_resources(trial_cpu: float, concurrency: int) -> dict[str, float]:
+    """The Tune trial's own resources (its worker group asks for the rest)."""
+    return {"cpu": trial_cpu} | ({HEAD_RESOURCE: 0.001} if concurrency > 1 else {})
 
 
 def workers_fitting(node: dict[str, Any], cpus_per_worker: float, use_gpu: bool) -> int:

@@ -23,7 +23,7 @@ from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.callbacks import ProgressPrinter
 from orchestrator.outcome import prune_threshold
-from orchestrator.placement import choose_nodes
+from orchestrator.placement import choose_nodes, trial_resources
 from orchestrator.proposer import Proposer
 from orchestrator.study import INTERRUPTED
 from orchestrator.trial import NODES, OUTCOME, TRIAL_NUMBER, WORK, Member, TrialContext, run_group
@@ -244,7 +244,8 @@ def build_tuner(
     """A Tuner over ``total`` new configurations, grouped into worker groups."""
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
-    trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), {"cpu": TRIAL_CPU})
+    resources = trial_resources(TRIAL_CPU, ctx.config.search.concurrency)
+    trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), resources)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
