@@ -112,19 +112,21 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 "" if peak is None else f"{peak / 2**20:.1f}",
                 _fmt(r.attrs.get("trial_wall_s")),
                 _fmt(measured_share(r)),
-                *(_fmt((r.attrs.get("timings") or {}).get(k)) for k in TIMING_PARTS),
+                *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
                 r.reason,
             ]
         )
     _write_atomic(path, text.getvalue())
 
 
+def timings(rec: TrialRecord) -> dict[str, float]:
+    """Where the trial's wall-clock went (``TIMING_PARTS``); empty for trials without."""
+    return rec.attrs.get("timings") or {}
+
+
 def measured_share(rec: TrialRecord) -> float | None:
     """Measured steps over the trial's wall-clock (None when it has no timings)."""
-    wall, measured = (
-        rec.attrs.get("trial_wall_s"),
-        (rec.attrs.get("timings") or {}).get("measured_s"),
-    )
+    wall, measured = rec.attrs.get("trial_wall_s"), timings(rec).get("measured_s")
     if not wall or measured is None:
         return None
     return measured / wall
@@ -135,10 +137,8 @@ def overhead_line(recs: list[TrialRecord], search_wall_s: float | None) -> str |
     over the wall-clock of the trials (worker group starts, set-up, scheduling included)."""
     if not search_wall_s:
         return None
-    measured = sum((r.attrs.get("timings") or {}).get("measured_s", 0.0) for r in recs)
-    parts = {
-        k: sum((r.attrs.get("timings") or {}).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]
-    }
+    measured = sum(timings(r).get("measured_s", 0.0) for r in recs)
+    parts = {k: sum(timings(r).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]}
     top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
     shown = ", ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in top)
     return (

@@ -155,15 +155,17 @@ class GroupSearch(Searcher):
         group.sent.append(asked)
         group.work.put(asdict(member))
 
+    def _completed(self) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
     def _out_of_time(self) -> bool:
         # The first configuration (the baseline) always runs: without it nothing compares.
-        done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        return self.deadline is not None and time.time() > self.deadline and bool(done)
+        return self.deadline is not None and time.time() > self.deadline and bool(self._completed())
 
     def _threshold(self) -> float | None:
         if not self.ctx.config.search.prune:
             return None
-        done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        done = self._completed()
         if not done:
             return None
         best = max(done, key=lambda t: t.value)

@@ -43,12 +43,13 @@ def window_ends(plan: TrialPlan) -> list[int]:
     return ends
 
 
-def _mean_across_ranks(value: Tensor) -> float:
-    """All-reduce mean (every rank calls this at the same window boundary)."""
+def _across_ranks(value: Tensor, mean: bool = True) -> float:
+    """All-reduce mean, or max (every rank calls this at the same window boundary)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         value = value.detach().clone()
-        dist.all_reduce(value)
-        value /= dist.get_world_size()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
+        if mean:
+            value /= dist.get_world_size()
     return float(value)
 
 
@@ -148,17 +149,6 @@ def _nosync_micro_s(runner: StepRunner, times: dict[str, float], step: int) -> f
     return runner.nosync_s
 
 
-def _max_across_ranks(value: float) -> float:
-    """All-reduce max: a synchronous step is as slow as its slowest rank."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor)
-
-
 def _window_metrics(
     runner: StepRunner,
     step: int,
@@ -181,7 +171,7 @@ def _window_metrics(
         m.OPTIM_S: times["optim"],
         m.SYNC_MICRO_S: times["sync_micro"],
         m.NOSYNC_MICRO_S: nosync_s,
-        m.LOSS: _mean_across_ranks(loss),
+        m.LOSS: _across_ranks(loss),
         m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
@@ -189,7 +179,10 @@ def _window_metrics(
         m.NUM_PARAMS: runner.num_params,
         m.GPU_UTIL: gpu_utilization(runner.device),
         m.WINDOW_WALL_S: window_wall_s,
-        m.GLOBAL_STEP_TIME_S: _max_across_ranks(times["total"]),
+        # a synchronous step is as slow as its slowest rank
+        m.GLOBAL_STEP_TIME_S: _across_ranks(
+            torch.tensor(times["total"], dtype=torch.float64, device=runner.device), mean=False
+        ),
     }
 
 
