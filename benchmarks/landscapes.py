@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks import gpu_model
 from orchestrator.config import SearchConfig
 from orchestrator.costmodel import ModelSize
-from orchestrator.proposer import cost_model_seeds, search_seeds
+from orchestrator.search.proposer import cost_model_seeds, search_seeds
 from search_spaces import SearchContext, SearchSpace, load_spaces
 
 HERE = Path(__file__).parent

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.results import TIMING_PARTS
+from orchestrator.search.results import TIMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"]

@@ -34,7 +34,7 @@ import optuna
 
 from benchmarks import gpu_model
 from benchmarks.landscapes import CPU_DEMO_CSV, Landscape, load_recorded, simulated
-from orchestrator.proposer import Proposer, make_sampler
+from orchestrator.search.proposer import Proposer, make_sampler
 
 TOLERANCE = 0.03
 RUNS = (  # label, strategy, seeded

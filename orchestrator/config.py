@@ -368,6 +368,24 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def parse_env_items(items: list[str], key: str) -> dict[str, str]:
+    """``NAME=VALUE`` command-line items (``key`` is the option) -> a dict held to the
+    environment allow-list, as a config's ``env:`` is."""
+    from search_spaces import SpaceError, check_env
+
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(key, f"{item!r} is not NAME=VALUE; e.g. {key} NCCL_BUFFSIZE=8388608")
+        env[name.strip()] = value
+    try:
+        check_env(env)
+    except SpaceError as e:
+        raise ConfigError(f"{key} {e.key}" if e.key else key, str(e)) from e
+    return env
+
+
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``extra`` over ``base``; mappings merge, everything else replaces."""
     out = dict(base)

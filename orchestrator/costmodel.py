@@ -2,7 +2,8 @@
 
 A trial measures what happened; this model says what the link allows, so exposed communication
 can be judged against a bound, DDP vs FSDP traffic explained in bytes, and candidate configs
-ranked without a cluster (the library for issue 6's report and dry run, not wired in yet).
+ranked without a cluster: each trial's bound (``comm_bound``), the dry run, the cost-model
+seeds of the search and the doctor's bandwidth rule all price traffic here.
 A message of m bytes costs ``alpha + m * beta`` (alpha: latency, s;
 beta = 1 / bandwidth, s/byte). Bytes, seconds, bytes/s, GB = 1e9 bytes as nccl-tests reports;
 ``size_bytes`` is always the whole (unsharded) buffer, as nccl-tests counts it; one rank moves
@@ -15,9 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
+from train_fns.metrics import OPS
+from train_fns.plan import STRATEGIES
+
 ALGORITHMS = ("ring", "tree")
-STRATEGIES = ("ddp", "fsdp")
+GRAD_BYTES_PER_PARAM = 4
+"""Gradients are fp32 (autocast keeps fp32 parameters): what DDP all-reduces per parameter."""
+FLOPS_PER_PARAM_TOKEN = 6
+"""Training FLOPs per parameter and token (2 forward + 4 backward), dense transformers."""
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """torch DDP's ``bucket_cap_mb=25``; torch multiplies by 1024 * 1024, so these are MiB."""
@@ -390,3 +396,21 @@ def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
     bandwidth = float(reduce[-1]["busbw_gbps"]) * 1e9
     latency = float(reduce[0]["time_s"]) / max(1, latency_steps("all_reduce", n))
     return Link(bandwidth, latency, f"probe ({reduce[0].get('backend', '?')})")
+
+
+def compute_s_per_sample(num_params: int, seq_len: int, tflops: float) -> float:
+    """Seconds of compute per sample at ``tflops`` achieved: 6 x params x tokens FLOPs."""
+    return FLOPS_PER_PARAM_TOKEN * num_params * seq_len / (tflops * 1e12)
+
+
+def comm_bound(plan: Any, num_params: int, link: Link | None) -> dict[str, Any]:
+    """What this plan's gradient traffic costs on the probed link: the time it cannot beat (a
+    bound for the measured exposed communication) and the bytes; empty without a link."""
+    if link is None or not num_params or plan.world_size < 2:
+        return {}
+    traffic = comm_per_step(
+        plan.strategy, num_params, GRAD_BYTES_PER_PARAM, plan.world_size,
+        plan.accumulation_steps, plan.fsdp.reshard_after_forward, link,
+        bucket_bytes=int(plan.ddp.bucket_cap_mb * 2**20),
+    )  # fmt: skip
+    return {"comm_bound_s": traffic.comm_s, "comm_traffic": traffic.summary()}

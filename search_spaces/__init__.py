@@ -41,9 +41,10 @@ Sampling order is ``strategy`` first, then declaration order across the loaded f
 Categorical choices never change between trials (Optuna forbids it); only int/pow2
 ranges narrow, which Optuna allows.
 
-Use with Ray Tune: ``OptunaSearch(space=space.suggest, ...)``; the trial config then
-holds Optuna's names too (``log2(NCCL_BUFFSIZE)``), which :meth:`SearchSpace.env_vars`
-and :meth:`SearchSpace.knobs` ignore. Enqueue the baseline with
+The search's Tune searcher (``orchestrator.search.tuner.GroupSearch``) asks Optuna directly
+(ask/tell) and samples each trial with ``space.suggest(trial)``; the params then hold Optuna's
+names too (``log2(NCCL_BUFFSIZE)``), which :meth:`SearchSpace.env_vars` and
+:meth:`SearchSpace.knobs` ignore. Enqueue the baseline with
 ``space.optuna_params(space.baseline())``.
 """
 

@@ -1,9 +1,9 @@
 """Loaded spaces combined for one run: what is active, and how to sample it.
 
-:class:`SearchSpace` is the define-by-run function handed to Optuna (through Ray
-Tune's ``OptunaSearch``). Everything that depends only on the run's context (backend,
-fixed strategy, batch sizes) is decided once here, so each trial only evaluates the
-conditions that depend on earlier samples.
+:class:`SearchSpace` is the define-by-run function handed to Optuna (the search's
+``GroupSearch`` calls ``suggest`` on each asked trial). Everything that depends only on the
+run's context (backend, fixed strategy, batch sizes) is decided once here, so each trial
+only evaluates the conditions that depend on earlier samples.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class SearchSpace:
 
     def optuna_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` under Optuna's names (pow2 as ``log2(NAME)`` exponents), e.g. for
-        ``study.enqueue_trial`` or OptunaSearch ``points_to_evaluate``."""
+        ``study.enqueue_trial``."""
         out = {}
         for entry in self._entries:
             param = entry.param

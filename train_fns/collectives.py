@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.costmodel import OPS, bus_factor
+from train_fns.metrics import OPS
 
 log = logging.getLogger("commtune")
 
@@ -120,7 +120,7 @@ def measure(
 def make_row(
     op: str, size_bytes: int, world_size: int, backend: str, time_s: float, iters: int
 ) -> Row:
-    """One probe.csv row; busbw is algbw scaled by nccl-tests' factor, in GB/s (1e9 bytes)."""
+    """One probe row as measured, algbw in GB/s (1e9 bytes); the driver adds busbw."""
     algbw_gbps = size_bytes / time_s / 1e9
     return {
         "op": op,
@@ -129,7 +129,6 @@ def make_row(
         "backend": backend,
         "time_s": time_s,
         "algbw_gbps": algbw_gbps,
-        "busbw_gbps": algbw_gbps * bus_factor(op, world_size),
         "iters": iters,
     }
 
@@ -166,23 +165,3 @@ def sweep(
                 if on_row is not None:
                     on_row(rows[-1])
     return rows
-
-
-def probe_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point of ``python -m orchestrator.probe``.
-
-    Rank 0 puts each row into ``config["rows"]`` (a Ray queue) as it is measured: the driver
-    prints the table as it goes and gets every row back on any cluster, with no shared storage
-    (in Ray Train V2 ``Result.metrics`` would only hold metrics reported with a checkpoint).
-    """
-    import ray.train.torch
-
-    rows = config["rows"]
-    sweep(
-        list(config["sizes"]),
-        list(config["ops"]),
-        int(config["iters"]),
-        int(config["warmup"]),
-        ray.train.torch.get_device(),
-        on_row=rows.put,
-    )

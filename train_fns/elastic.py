@@ -1,8 +1,9 @@
 """Training runs (``orchestrator.train``): the tuned config for real, resumable and resizable.
 
 Each start of the worker group (first start, restart after a failure, elastic resize) runs
-``train_loop_elastic``: it re-splits the fixed global batch for the world size it got, loads
-the latest checkpoint if there is one, and trains to exactly ``steps``. Resumption is exact:
+``worker.train_loop_elastic``, which hands over to ``trainer.ElasticTrainer``: it re-splits
+the fixed global batch for the world size it got, loads the latest checkpoint if there is one,
+and trains to exactly ``steps``. Resumption is exact:
 
 - model and optimizer state go through ``torch.distributed.checkpoint`` (sharded for FSDP2, so
   a checkpoint written by N workers loads on M), the GradScaler state and the adaptive
@@ -15,7 +16,6 @@ the latest checkpoint if there is one, and trains to exactly ``steps``. Resumpti
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import tempfile
@@ -140,31 +140,6 @@ def wait_for_split(spec: RunSpec, template: TrialPlan, world: int, report: Any) 
 def read_state(directory: Path) -> dict[str, Any]:
     """The run state a checkpoint holds (step, data position, split, scaler, controller)."""
     return json.loads((directory / STATE_FILE).read_text())
-
-
-def train_loop_elastic(config: dict[str, Any]) -> None:
-    """Ray Train entry point of a training run (one call per worker-group start)."""
-    import ray.train
-    import ray.train.torch
-
-    from train_fns.trainer import ElasticTrainer
-
-    def report(metrics: dict[str, Any], directory: Path | None) -> None:
-        checkpoint = None if directory is None else ray.train.Checkpoint.from_directory(directory)
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-    context = ray.train.get_context()
-    checkpoint = ray.train.get_checkpoint()
-    with contextlib.ExitStack() as stack:
-        directory = None if checkpoint is None else stack.enter_context(checkpoint.as_directory())
-        ElasticTrainer(
-            RunSpec(**config),
-            rank=context.get_world_rank(),
-            world=context.get_world_size(),
-            device=ray.train.torch.get_device(),
-            report=report,
-            checkpoint_dir=None if directory is None else Path(directory),
-        ).run()
 
 
 def temp_checkpoint_dir() -> Path:

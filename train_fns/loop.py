@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from train_fns import metrics as m
+from train_fns.commsplit import nosync_from_accumulation
 from train_fns.data import BatchSource, make_batch_source
 from train_fns.metrics import HANG_EXIT_CODE
 from train_fns.models import build_model
@@ -141,7 +142,7 @@ def _nosync_micro_s(runner: StepRunner, times: dict[str, float], step: int) -> f
     reused (it costs a step's compute; once per configuration is enough)."""
     accumulation = runner.plan.accumulation_steps
     if accumulation > 1:
-        return (times["fwd_bwd"] - times["sync_micro"]) / (accumulation - 1)
+        return nosync_from_accumulation(times["fwd_bwd"], times["sync_micro"], accumulation)
     if runner.nosync_s is None:
         start = time.perf_counter()
         runner.nosync_s = runner.nosync_reference(step)

@@ -1,8 +1,16 @@
 """Metric names, defined once and used by the worker, the driver and the outputs.
 
-Every worker calls ``ray.train.report`` once per measurement window with a dict
-keyed by these names; the driver aggregates the per-worker dicts.
+Every worker sends one dict per measurement window, keyed by these names, to a Ray queue on
+the driver's node (not ``ray.train.report``, which waits for the Train controller); the driver
+aggregates the per-worker dicts.
 """
+
+NONFINITE_RATE_MAX = 0.001
+"""Share of optimizer steps skipped for non-finite gradients above which a run is unhealthy
+(0.1%, the write-up's monitoring threshold): the training summary warns, the doctor flags."""
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+"""The collectives the bandwidth probe measures and the cost model prices."""
 
 # Per-window metrics reported by every worker.
 WINDOW = "window"

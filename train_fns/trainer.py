@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from train_fns import metrics as m
 from train_fns.adaptive import AdaptiveAccumulation, Split
+from train_fns.commsplit import exposed_comm, nosync_from_accumulation
 from train_fns.elastic import (
     RNG_SCHEME,
     RunSpec,
@@ -142,13 +143,12 @@ class ElasticTrainer:
         against one without sync (an accumulation micro-step, or the periodic reference)."""
         accumulation = plan.accumulation_steps
         if accumulation > 1:
-            nosync = (times["fwd_bwd"] - times["sync_micro"]) / (accumulation - 1)
+            nosync = nosync_from_accumulation(times["fwd_bwd"], times["sync_micro"], accumulation)
         elif self.reference_s is not None:
             nosync = self.reference_s
         else:
             return 0.0, times["fwd_bwd"]
-        exposed = max(0.0, times["sync_micro"] - nosync)
-        return exposed, times["fwd_bwd"] - exposed
+        return exposed_comm(times["sync_micro"], nosync, times["fwd_bwd"])
 
     def _metrics(self, runner, step, times, loss, comm, compute, start) -> dict[str, Any]:
         plan, precision = runner.plan, runner.precision

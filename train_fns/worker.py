@@ -1,14 +1,18 @@
-"""The Ray Train entry point of the search: what ``TorchTrainer`` runs in every worker process.
+"""The Ray Train entry points: what a ``TorchTrainer`` runs in every worker process.
 
-Ray Train has already initialised the process group (gloo or NCCL) and set the device; this
-only adapts Ray's context to ``evaluate_plans`` (training runs: ``train_fns.elastic``).
-Imports are deferred so that importing ``train_fns`` (the driver does, for ``TrialPlan``)
-stays light.
+``train_loop_per_worker`` measures the search's configurations (``group.evaluate_plans``),
+``train_loop_elastic`` runs a training run (``trainer.ElasticTrainer``), and
+``probe_loop_per_worker`` the bandwidth sweep (``collectives.sweep``). Ray Train has already
+initialised the process group (gloo or NCCL) and set the device; these only adapt Ray's
+context. Imports are deferred so that importing ``train_fns`` (the driver does, for
+``TrialPlan``) stays light.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -42,4 +46,51 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         device=ray.train.torch.get_device(),
         send=config["reports"].put,
         started={"imports_s": imports_s},
+    )
+
+
+def train_loop_elastic(config: dict[str, Any]) -> None:
+    """Ray Train entry point of a training run (one call per worker-group start)."""
+    import ray.train
+    import ray.train.torch
+
+    from train_fns.elastic import RunSpec
+    from train_fns.trainer import ElasticTrainer
+
+    def report(metrics: dict[str, Any], directory: Path | None) -> None:
+        checkpoint = None if directory is None else ray.train.Checkpoint.from_directory(directory)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    context = ray.train.get_context()
+    checkpoint = ray.train.get_checkpoint()
+    with contextlib.ExitStack() as stack:
+        directory = None if checkpoint is None else stack.enter_context(checkpoint.as_directory())
+        ElasticTrainer(
+            RunSpec(**config),
+            rank=context.get_world_rank(),
+            world=context.get_world_size(),
+            device=ray.train.torch.get_device(),
+            report=report,
+            checkpoint_dir=None if directory is None else Path(directory),
+        ).run()
+
+
+def probe_loop_per_worker(config: dict[str, Any]) -> None:
+    """Entry point of the bandwidth probe (``python -m orchestrator.probe``).
+
+    Rank 0 puts each row into ``config["rows"]`` (a Ray queue) as it is measured: the driver
+    prints the table as it goes and gets every row back on any cluster, with no shared storage
+    (in Ray Train V2 ``Result.metrics`` would only hold metrics reported with a checkpoint).
+    """
+    import ray.train.torch
+
+    from train_fns.collectives import sweep
+
+    sweep(
+        list(config["sizes"]),
+        list(config["ops"]),
+        int(config["iters"]),
+        int(config["warmup"]),
+        ray.train.torch.get_device(),
+        on_row=config["rows"].put,
     )

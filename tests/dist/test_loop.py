@@ -107,7 +107,7 @@ def test_step_time_decomposes_into_its_measured_parts(
 ) -> None:
     """data + fwd_bwd + optim covers the step (medians of 2-3 steps: within a few percent), and
     the syncing micro-step and its no-sync twin are both measured."""
-    from orchestrator.outcome import comm_split
+    from orchestrator.search.outcome import comm_split
 
     for results in reports_by_rank:
         for report in results[config]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.results import TIMING_PARTS
+from orchestrator.search.results import TIMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

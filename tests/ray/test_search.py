@@ -10,10 +10,11 @@ import optuna
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.proposer import Proposer, make_sampler
-from orchestrator.results import records
-from orchestrator.trial import TrialContext, derive_plan, measure_plans, storage_dir
-from orchestrator.tuner import build_tuner
+from orchestrator.runfiles import storage_dir
+from orchestrator.search.proposer import Proposer, make_sampler
+from orchestrator.search.results import records
+from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
+from orchestrator.search.tuner import build_tuner
 from search_spaces import SearchContext, SearchSpace, is_env_name, load_spaces
 from train_fns import metrics as m
 

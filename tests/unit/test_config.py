@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, dump_config, load_config, parse_set, preset_names
-from orchestrator.search import main, parse_faults
+from orchestrator.search.cli import main, parse_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 

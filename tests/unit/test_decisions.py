@@ -5,10 +5,11 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from orchestrator.outcome import MIN_NOISE, prune_threshold
-from orchestrator.remeasure import compare, finalists, interleave
-from orchestrator.results import TrialRecord, baseline_record
-from orchestrator.study import INTERRUPTED, counted, requeue_interrupted
+from orchestrator.search.finalists import finalists, interleave
+from orchestrator.search.outcome import MIN_NOISE, prune_threshold
+from orchestrator.search.results import TrialRecord, baseline_record
+from orchestrator.search.study import INTERRUPTED, counted, requeue_interrupted
+from orchestrator.verdict import compare
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 from train_fns.loop import should_prune
@@ -86,7 +87,7 @@ def test_interrupted_trials_are_requeued_not_counted(tmp_path) -> None:
 
 def test_storage_urls_and_journal_files(tmp_path) -> None:
     from orchestrator.config import load_config
-    from orchestrator.study import open_storage
+    from orchestrator.search.study import open_storage
 
     default = open_storage(load_config(preset="smoke"), tmp_path)
     assert isinstance(default, optuna.storages.RDBStorage)

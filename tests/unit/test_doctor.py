@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import doctor
-from orchestrator.doctor import RULES, Finding, RunRecord, collect, diagnose
+from orchestrator import runfiles
+from orchestrator.doctor import RULES, Finding, RunRecord, collect, diagnose, rules
+from orchestrator.doctor import cli as doctor_cli
 
 GiB = 2**30
 
@@ -130,25 +131,25 @@ def test_rule_fires_on_its_crafted_record(rule) -> None:
 
 
 def test_fixes_name_the_concrete_knobs() -> None:
-    comm = doctor.rule_comm_fraction(CASES["rule_comm_fraction"])
+    comm = rules.rule_comm_fraction(CASES["rule_comm_fraction"])
     for knob in ("bucket_cap_mb", "NCCL_MIN_NCHANNELS", "NCCL_ALGO", "reshard_after_forward"):
         assert knob in comm.fix
-    bandwidth = doctor.rule_bandwidth(CASES["rule_bandwidth"])
+    bandwidth = rules.rule_bandwidth(CASES["rule_bandwidth"])
     assert "FI_EFA_USE_DEVICE_RDMA=1" in bandwidth.fix and "NCCL_SOCKET_IFNAME" in bandwidth.fix
     assert "nvlink_a100" in bandwidth.evidence  # the NV12 topology chose the link bound
 
 
 def test_gloo_bandwidth_compares_the_trial_with_the_probe() -> None:
     slow = best_row(gloo_healthy(), exposed_comm_s="0.1")  # 0.16 GB/s against 1.4 probed
-    finding = doctor.rule_bandwidth(slow)
+    finding = rules.rule_bandwidth(slow)
     assert finding is not None and "probe" in finding.evidence
     no_bytes = mutate(slow, run_info={"backend": "gloo", "world_size": 2})
-    assert doctor.rule_bandwidth(no_bytes) is None  # no gradient size: quiet, not a guess
+    assert rules.rule_bandwidth(no_bytes) is None  # no gradient size: quiet, not a guess
 
 
 def test_comm_fix_on_gloo_says_nccl_does_not_apply() -> None:
     rec = best_row(gloo_healthy(), exposed_comm_s="0.1", compute_s="0.1")
-    finding = doctor.rule_comm_fraction(rec)
+    finding = rules.rule_comm_fraction(rec)
     assert "GPUs only" in finding.fix and "NCCL_ALGO" not in finding.fix
 
 
@@ -156,13 +157,13 @@ def test_nccl_params_in_trials_on_gloo_are_flagged() -> None:
     rec = gloo_healthy()
     rec.param_names.append("NCCL_MIN_NCHANNELS")
     rec.trials[1]["NCCL_MIN_NCHANNELS"] = "4"
-    finding = doctor.rule_nccl_on_gloo(rec)
+    finding = rules.rule_nccl_on_gloo(rec)
     assert finding is not None and "NCCL_MIN_NCHANNELS" in finding.evidence
 
 
 def test_training_summary_wins_over_the_search() -> None:
     rec = mutate(healthy(), summary={"steps": 100, "comm_fraction": 0.7})
-    finding = doctor.rule_comm_fraction(rec)
+    finding = rules.rule_comm_fraction(rec)
     assert finding is not None and finding.severity == "high"
     assert "training run" in finding.evidence
 
@@ -230,21 +231,21 @@ def test_topology_gathers_numa_and_nvidia_smi(tmp_path: Path, monkeypatch) -> No
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'GPU0 X NV12'\n")
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: str(smi))
-    topo = doctor.topology(tmp_path)
+    monkeypatch.setattr(runfiles.shutil, "which", lambda name: str(smi))
+    topo = runfiles.topology(tmp_path)
     assert topo["numa_nodes"] == {"node0": "0-3"} and topo["cpu_count"]
     assert "NV12" in topo["nvidia_smi_topo"]
-    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
-    assert "nvidia_smi_topo" not in doctor.topology(tmp_path / "absent")
+    monkeypatch.setattr(runfiles.shutil, "which", lambda name: None)
+    assert "nvidia_smi_topo" not in runfiles.topology(tmp_path / "absent")
 
 
 def test_main_exit_codes(tmp_path: Path, capsys) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert doctor.main([str(empty)]) == 2
+    assert doctor_cli.main([str(empty)]) == 2
     err = capsys.readouterr().err
     assert str(empty) in err and "trials.csv" in err and len(err.strip().splitlines()) == 1
-    assert doctor.main([str(write_run(tmp_path / "run"))]) == 0
+    assert doctor_cli.main([str(write_run(tmp_path / "run"))]) == 0
     out = capsys.readouterr().out
     assert "1. [high]" in out and "evidence:" in out and "fix:" in out
 
@@ -253,5 +254,5 @@ def test_main_says_no_problem_found(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "best.yaml").write_text("name: quiet\nenv: {}\n")
-    assert doctor.main([str(run)]) == 0
+    assert doctor_cli.main([str(run)]) == 0
     assert "no problem found" in capsys.readouterr().out

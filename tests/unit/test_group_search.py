@@ -9,10 +9,10 @@ import optuna
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.outcome import MIN_NOISE
-from orchestrator.proposer import Proposer
-from orchestrator.trial import OUTCOME, TRIAL_NUMBER, WORK, TrialContext
-from orchestrator.tuner import GroupSearch
+from orchestrator.search.outcome import MIN_NOISE
+from orchestrator.search.proposer import Proposer
+from orchestrator.search.trial import OUTCOME, TRIAL_NUMBER, WORK, TrialContext
+from orchestrator.search.tuner import GroupSearch
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 

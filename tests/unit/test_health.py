@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.runlog import RunLog
+from orchestrator.train.runlog import RunLog
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.outcome import classify_failure, summarize
+from orchestrator.search.outcome import classify_failure, summarize
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -122,7 +122,7 @@ def test_oom_wins_over_the_collective_errors_it_causes() -> None:
 
 
 def test_trial_line_shows_exposed_comm_and_its_bound() -> None:
-    from orchestrator.callbacks import comm_text
+    from orchestrator.search.progress import comm_text
 
     result = {"exposed_comm_s": 0.012, "comm_fraction": 0.25, "comm_bound_s": 0.008}
     assert comm_text(result) == ", comm 12 ms exposed = 25%, bound 8 ms at the probed bandwidth"

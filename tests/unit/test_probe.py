@@ -6,22 +6,23 @@ import csv
 
 import pytest
 
-from orchestrator import probe
-from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import OPS, bus_bandwidth, bus_factor
-from orchestrator.probe import (
+from orchestrator.config import Config, ConfigError, parse_env_items
+from orchestrator.costmodel import bus_bandwidth, bus_factor
+from orchestrator.probe import cli as probe
+from orchestrator.probe.cli import Table
+from orchestrator.probe.sweep import (
     COLUMNS,
     ProbeSettings,
-    Table,
     format_size,
-    parse_env,
     parse_ops,
     parse_size,
     parse_sizes,
     probe_config,
+    with_busbw,
     write_csv,
 )
 from train_fns.collectives import fits, make_row, num_timed_iters
+from train_fns.metrics import OPS
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_bus_bandwidth_hand_values(op: str, n: int, algbw: float, busbw: float) 
     assert algbw * bus_factor(op, n) == busbw
     # 10 GB in one second: the costmodel's bus_bandwidth and the probe's row agree.
     assert bus_bandwidth(op, 10e9, 1.0, n) == busbw * 1e9
-    row = make_row(op, 10_000_000_000, n, "gloo", 1.0, 5)
+    row = with_busbw(make_row(op, 10_000_000_000, n, "gloo", 1.0, 5))
     assert (row["algbw_gbps"], row["busbw_gbps"]) == (algbw, busbw)
 
 
@@ -107,9 +108,9 @@ def test_format_size() -> None:
 
 def _rows() -> list[dict]:
     return [
-        make_row("all_reduce", 1024, 2, "gloo", 1e-4, 20),
-        make_row("all_reduce", 2048, 2, "gloo", 1.5e-4, 20),
-        make_row("all_gather", 1024, 2, "gloo", 2e-4, 20),
+        with_busbw(make_row("all_reduce", 1024, 2, "gloo", 1e-4, 20)),
+        with_busbw(make_row("all_reduce", 2048, 2, "gloo", 1.5e-4, 20)),
+        with_busbw(make_row("all_gather", 1024, 2, "gloo", 2e-4, 20)),
     ]
 
 
@@ -141,12 +142,12 @@ def test_table_prints_a_header_per_op_and_a_line_per_size(capsys) -> None:
 
 
 def test_parse_env_and_probe_config() -> None:
-    assert parse_env(["NCCL_BUFFSIZE=8388608", "NCCL_ALGO=Ring"]) == {
+    assert parse_env_items(["NCCL_BUFFSIZE=8388608", "NCCL_ALGO=Ring"], "--env") == {
         "NCCL_BUFFSIZE": "8388608",
         "NCCL_ALGO": "Ring",
     }
     with pytest.raises(ConfigError, match=r"^--env: "):
-        parse_env(["NCCL_BUFFSIZE"])
+        parse_env_items(["NCCL_BUFFSIZE"], "--env")
     base = Config(env={"NCCL_ALGO": "Tree"})
     config = probe_config(base, 3, None, "gloo", {"NCCL_BUFFSIZE": "8388608"})
     assert config.cluster.num_workers == 3  # any world size: the workload is a placeholder

@@ -7,9 +7,9 @@ from typing import Any
 import optuna
 import pytest
 
+from orchestrator.config import SAMPLERS
 from orchestrator.costmodel import LINKS, ModelSize
-from orchestrator.proposer import (
-    STRATEGIES,
+from orchestrator.search.proposer import (
     Proposer,
     cost_model_seeds,
     make_sampler,
@@ -148,7 +148,7 @@ def test_cost_model_seeds_are_distinct_valid_points() -> None:
 
 def test_make_sampler() -> None:
     assert isinstance(make_sampler("staged", 0, 40), optuna.samplers.TPESampler)
-    assert all(make_sampler(s, 0, 8) is not None for s in STRATEGIES)
+    assert all(make_sampler(s, 0, 8) is not None for s in SAMPLERS)
     assert isinstance(make_sampler("grid", 0, 8), optuna.samplers.RandomSampler)
     with pytest.raises(ValueError, match="unknown search strategy"):
         make_sampler("cmaes", 0, 8)

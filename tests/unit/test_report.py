@@ -12,8 +12,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator import doctor, report
+from orchestrator import doctor
 from orchestrator.report import SECTIONS
+from orchestrator.report import cli as report
 
 CHECKED_TAGS = {"html", "head", "body", "section", "h1", "h2", "table", "tr", "ol", "ul", "li"}
 TRIALS = (

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import submit
-from orchestrator.config import ConfigError
+from orchestrator.config import ConfigError, parse_env_items
+from orchestrator.submit import cli, jobs, transfer
 
 
 def test_job_arguments_pass_through_and_get_a_cluster_folder() -> None:
-    args = submit.parse_args(["search", "--preset", "smoke", "--trials", "2", "--follow"])
-    argv, out = submit.job_command(args, "job-1")
+    args = cli.parse_args(["search", "--preset", "smoke", "--trials", "2", "--follow"])
+    argv, out = jobs.job_command(args, "job-1")
     assert args.follow
     assert argv[:3] == ["python", "-m", "orchestrator.search"]
     assert argv[3:] == [
@@ -22,14 +22,14 @@ def test_job_arguments_pass_through_and_get_a_cluster_folder() -> None:
 
 
 def test_job_arguments_are_checked_before_submitting() -> None:
-    args = submit.parse_args(["search", "--preset", "smoke", "--set", "search.trails=3"])
+    args = cli.parse_args(["search", "--preset", "smoke", "--set", "search.trails=3"])
     with pytest.raises(ConfigError, match="search.trials"):
-        submit.job_command(args, "job-1")
+        jobs.job_command(args, "job-1")
 
 
 def test_an_explicit_out_is_kept() -> None:
-    args = submit.parse_args(["search", "--preset", "smoke", "--out", "/mnt/shared/runs/a"])
-    argv, out = submit.job_command(args, "job-1")
+    args = cli.parse_args(["search", "--preset", "smoke", "--out", "/mnt/shared/runs/a"])
+    argv, out = jobs.job_command(args, "job-1")
     assert out == "/mnt/shared/runs/a" and argv.count("--out") == 1
 
 
@@ -37,13 +37,13 @@ def test_config_file_is_rewritten_relative_to_the_upload(tmp_path: Path) -> None
     cfg = tmp_path / "conf" / "my.yaml"
     cfg.parent.mkdir()
     cfg.write_text("name: mine\n")
-    args = submit.parse_args(["search", "--preset", "smoke", "--config", str(cfg)])
+    args = cli.parse_args(["search", "--preset", "smoke", "--config", str(cfg)])
     args.working_dir = str(tmp_path)
-    argv, _ = submit.job_command(args, "job-1")
+    argv, _ = jobs.job_command(args, "job-1")
     assert argv[argv.index("--config") + 1] == "conf/my.yaml"
     args.working_dir = str(tmp_path / "conf" / "elsewhere")
     with pytest.raises(ConfigError, match="outside the uploaded folder"):
-        submit.job_command(args, "job-1")
+        jobs.job_command(args, "job-1")
 
 
 @pytest.mark.parametrize(
@@ -53,12 +53,12 @@ def test_config_file_is_rewritten_relative_to_the_upload(tmp_path: Path) -> None
 )  # fmt: skip
 def test_job_environment_obeys_the_search_allow_list(pair: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        submit.job_env([pair])
+        parse_env_items([pair], "--env")
     assert info.value.key == key
 
 
 def test_allowed_job_environment() -> None:
-    assert submit.job_env(["NCCL_DEBUG=INFO", "FI_PROVIDER=efa"]) == {
+    assert parse_env_items(["NCCL_DEBUG=INFO", "FI_PROVIDER=efa"], "--env") == {
         "NCCL_DEBUG": "INFO",
         "FI_PROVIDER": "efa",
     }
@@ -70,15 +70,15 @@ def test_token_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     by_path.write_text("tok-path\n")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(by_path))
-    assert submit.find_token(None) == "tok-path"
+    assert jobs.find_token(None) == "tok-path"
     monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-env")
-    assert submit.find_token(None) == "tok-env"
-    assert submit.find_token(str(given)) == "tok-given"
+    assert jobs.find_token(None) == "tok-env"
+    assert jobs.find_token(str(given)) == "tok-given"
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
-    assert submit.find_token(None) is None
-    with pytest.raises(submit.SubmitError, match="--token-file"):
-        submit.find_token(str(tmp_path / "missing"))
+    assert jobs.find_token(None) is None
+    with pytest.raises(jobs.SubmitError, match="--token-file"):
+        jobs.find_token(str(tmp_path / "missing"))
 
 
 def test_pack_and_unpack_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -87,43 +87,43 @@ def test_pack_and_unpack_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtur
     (out / "trials" / "big.pt").write_bytes(b"x" * 1000)
     (out / "best.yaml").write_text("name: x\n")
     (out / "study.db").write_bytes(bytes(range(256)) * 10)
-    assert submit.pack(str(out)) == 0
+    assert transfer.pack(str(out)) == 0
     logs = "job output before\n" + capsys.readouterr().out + "after\n"
-    names = submit.unpack(logs, tmp_path / "back")
+    names = transfer.unpack(logs, tmp_path / "back")
     assert sorted(names) == ["best.yaml", "study.db"]
     assert (tmp_path / "back" / "study.db").read_bytes() == (out / "study.db").read_bytes()
 
 
 def test_pack_of_a_missing_folder_fails(tmp_path: Path) -> None:
-    assert submit.pack(str(tmp_path / "nothing")) == 1
-    with pytest.raises(submit.SubmitError, match="printed no outputs"):
-        submit.unpack("Traceback ...", tmp_path / "back")
+    assert transfer.pack(str(tmp_path / "nothing")) == 1
+    with pytest.raises(jobs.SubmitError, match="printed no outputs"):
+        transfer.unpack("Traceback ...", tmp_path / "back")
 
 
 def test_refusals_say_what_to_do() -> None:
-    assert "--token-file" in submit.refusal("http://h:8265", "status code 401", False)
-    assert "not this cluster's" in submit.refusal("http://h:8265", "status 403", True)
-    assert "ray dashboard" in submit.refusal("http://h:8265", "Failed to connect to API", False)
+    assert "--token-file" in jobs.refusal("http://h:8265", "status code 401", False)
+    assert "not this cluster's" in jobs.refusal("http://h:8265", "status 403", True)
+    assert "ray dashboard" in jobs.refusal("http://h:8265", "Failed to connect to API", False)
 
 
 def test_without_upload_the_config_path_is_absolute(tmp_path: Path) -> None:
     cfg = tmp_path / "my.yaml"
     cfg.write_text("name: mine\n")
-    args = submit.parse_args(["search", "--no-upload", "--preset", "smoke", "--config", str(cfg)])
+    args = cli.parse_args(["search", "--no-upload", "--preset", "smoke", "--config", str(cfg)])
     args.working_dir = str(tmp_path / "elsewhere")  # not used: nothing is uploaded
-    argv, _ = submit.job_command(args, "job-1")
+    argv, _ = jobs.job_command(args, "job-1")
     assert argv[argv.index("--config") + 1] == str(cfg.resolve())
-    assert submit.runtime_env_for(False, args.working_dir) == {}
+    assert jobs.runtime_env_for(False, args.working_dir) == {}
 
 
 def test_a_training_run_is_a_job_too() -> None:
-    args = submit.parse_args(["train", "--preset", "smoke", "--steps", "50", "--workers", "1:2"])
-    argv, out = submit.job_command(args, "job-2")
+    args = cli.parse_args(["train", "--preset", "smoke", "--steps", "50", "--workers", "1:2"])
+    argv, out = jobs.job_command(args, "job-2")
     assert argv[:3] == ["python", "-m", "orchestrator.train"]
     assert argv[-4:] == ["--address", "auto", "--out", "~/commtune-runs/job-2"]
-    bad = submit.parse_args(["train", "--preset", "smoke", "--workers", "2:1"])
+    bad = cli.parse_args(["train", "--preset", "smoke", "--workers", "2:1"])
     with pytest.raises(ConfigError, match="--workers"):
-        submit.job_command(bad, "job-3")
+        jobs.job_command(bad, "job-3")
 
 
 def test_submission_waits_for_a_fresh_heads_job_agent(
@@ -137,8 +137,8 @@ def test_submission_waits_for_a_fresh_heads_job_agent(
             if Jobs.calls < 3:
                 raise RuntimeError("Request failed with status code 500: No available agent")
 
-    monkeypatch.setattr(submit.time, "sleep", lambda seconds: None)
-    submit.submit_when_ready(Jobs(), entrypoint="x")
+    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: None)
+    jobs.submit_when_ready(Jobs(), entrypoint="x")
     assert Jobs.calls == 3 and "job agent" in capsys.readouterr().err
 
     class Refused:
@@ -146,4 +146,4 @@ def test_submission_waits_for_a_fresh_heads_job_agent(
             raise RuntimeError("status code 401")
 
     with pytest.raises(RuntimeError, match="401"):
-        submit.submit_when_ready(Refused(), entrypoint="x")
+        jobs.submit_when_ready(Refused(), entrypoint="x")

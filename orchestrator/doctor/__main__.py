@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.doctor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.probe.cli import main
+
+sys.exit(main())

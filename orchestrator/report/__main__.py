@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.report.cli import main
+
+sys.exit(main())

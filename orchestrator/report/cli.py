@@ -1,0 +1,31 @@
+"""``python -m orchestrator.report DIR [--train DIR2] [--out FILE]``: write report.html.
+
+Exit codes: 0 written, 2 DIR holds none of the run files (one line naming it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator import doctor
+from orchestrator.report.page import render
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.report", description=__doc__)
+    p.add_argument("dir", type=Path, metavar="DIR", help="search output folder (runs/<name>)")
+    p.add_argument("--train", type=Path, metavar="DIR2", help="training run folder")
+    p.add_argument("--out", type=Path, metavar="FILE", help="default: DIR/report.html")
+    args = p.parse_args(argv)
+    bad = doctor.missing_dirs([args.dir] + ([args.train] if args.train else []))
+    if bad:
+        print(f"report: {bad[0]}", file=sys.stderr)
+        return 2
+    # the training folder first: its summary/grad norms win over a stale DIR/train
+    record = doctor.collect(([args.train] if args.train else []) + [args.dir])
+    out = args.out or args.dir / "report.html"
+    out.write_text(render(record, args.dir))
+    print(f"report: wrote {out}")
+    return 0

@@ -1,0 +1,190 @@
+"""Report sections about the trials: throughput, best vs baseline, importance, memory."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+
+from matplotlib.ticker import MaxNLocator
+
+from orchestrator.doctor import RunRecord, num
+from orchestrator.report.html import (
+    FAILED_STATES,
+    bar_chart,
+    esc,
+    figure,
+    fmt,
+    html_table,
+    missing,
+    png,
+    sd,
+)
+from orchestrator.verdict import Run, comparisons
+
+
+def section_throughput(record: RunRecord) -> str:
+    """Every trial in order with the best-so-far line: where the search found its gains."""
+    if not record.trials:
+        return missing("trials.csv is missing: no trials to show.")
+    rows = sorted(record.trials, key=lambda r: num(r.get("number")) or 0)
+    fig, ax = figure()
+    best_so_far, best = [], math.nan  # NaN draws nothing until the first complete trial
+    for r in rows:
+        value = num(r.get("samples_per_s")) if r.get("state") == "complete" else None
+        if value is not None:
+            best = value if math.isnan(best) else max(best, value)
+        best_so_far.append(best)
+    xs = [int(num(r["number"]) or 0) for r in rows]
+    done = [
+        (x, num(r["samples_per_s"]))
+        for x, r in zip(xs, rows, strict=True)
+        if r in record.completed()
+    ]
+    if done:
+        ax.plot(*zip(*done, strict=True), "o", color="#1f77b4", label="complete")
+    ax.step(xs, best_so_far, where="post", color="#2ca02c", label="best so far")
+    for state, marker, color in (("pruned", "v", "#888888"), ("failed", "x", "#d62728")):
+        hit = [x for x, r in zip(xs, rows, strict=True) if _kind(r.get("state")) == state]
+        if hit:
+            ax.plot(
+                hit, [0] * len(hit), marker, color=color, ms=9, ls="", label=state, clip_on=False
+            )
+    ax.set(xlabel="trial", ylabel="global samples/s", ylim=(0, None))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.legend(loc="outside lower center", ncols=4, fontsize="small")
+    listed = [
+        [r["number"], r.get("state", ""), fmt(num(r.get("samples_per_s"))),
+         fmt(num(r.get("throughput_cv")), ".1%"), (r.get("reason") or "")[:160]]
+        for r in rows
+    ]  # fmt: skip
+    return png(fig, "throughput per trial") + html_table(
+        ["trial", "state", "samples/s", "cv", "reason"], listed
+    )
+
+
+def _kind(state: str | None) -> str:
+    if state == "pruned":
+        return "pruned"
+    return "failed" if state in FAILED_STATES else "complete"
+
+
+def section_best_vs_baseline(record: RunRecord) -> str:
+    """The claim the search makes, with its noise: from the interleaved re-measurement when
+    there is one (B c1 B c2 B), else from the search's own windows."""
+    if record.remeasure:
+        return _from_remeasure(record)
+    if not record.trials:
+        return missing("trials.csv (and remeasure.csv) is missing: no comparison.")
+    base, best = record.baseline(), record.best()
+    if base is None or best is None:
+        return missing("The baseline (trial 0) did not complete: no comparison.")
+    pair = [("baseline (trial 0)", base), (f"best (trial {best['number']})", best)]
+    if best is base:
+        pair = pair[:1]
+    values = [
+        (label, num(r["samples_per_s"]), num(r.get("throughput_cv")) or 0.0) for label, r in pair
+    ]
+    ratio = values[-1][1] / values[0][1]
+    spread = ratio * (values[0][2] ** 2 + values[-1][2] ** 2) ** 0.5
+    text = (
+        "The best configuration is the baseline itself: no tried configuration beat it."
+        if best is base
+        else f"best / baseline = {ratio:.2f}x (spread +/-{spread:.2f}, from each trial's window "
+        "cv; not re-measured side by side, so drift between trials is not accounted for)."
+    )
+    return f"<p>{esc(text)}</p>" + bar_chart([(lbl, v, v * cv) for lbl, v, cv in values])
+
+
+def _from_remeasure(record: RunRecord) -> str:
+    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv."""
+    rows = sorted(record.remeasure, key=lambda r: num(r.get("position")) or 0)
+    runs = [
+        Run(
+            int(num(r.get("trial")) or 0),
+            r.get("role") == "baseline",
+            num(r.get("samples_per_s")) if r.get("state") == "complete" else None,
+            num(r.get("throughput_cv")) or 0.0,
+        )
+        for r in rows
+    ]
+    baselines = [r.samples_per_s for r in runs if r.is_baseline and r.samples_per_s]
+    if not baselines:
+        return missing("remeasure.csv holds no completed baseline run: no comparison.")
+    comps = comparisons(runs)
+    shown = [("baseline", statistics.fmean(baselines), sd(baselines))]
+    cvs = {r.number: r.cv for r in runs if not r.is_baseline}
+    shown += [(f"trial {c.number}", c.samples_per_s, c.samples_per_s * cvs[c.number])
+              for c in comps]  # fmt: skip
+    listed = "".join(f"<li>{esc(c.line())}</li>" for c in comps) or "<li>no finalist completed</li>"
+    return (
+        f"<p>Re-measured side by side ({len(baselines)} baseline runs):</p><ul>{listed}</ul>"
+        + bar_chart(shown)
+    )
+
+
+def section_importance(record: RunRecord) -> str:
+    """Which knobs mattered, per Optuna's importance evaluator over the stored study."""
+    path = record.files.get("study.db")
+    if path is None:
+        return missing("study.db is missing: importance needs the Optuna study.")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{path.resolve()}"
+    names = optuna.get_all_study_names(storage)
+    name = record.name if record.name in names else (names[0] if len(names) == 1 else None)
+    if name is None:
+        return missing(f"study.db holds studies {names}, none named {record.name!r} (best.yaml).")
+    study = optuna.load_study(study_name=name, storage=storage)
+    why = _importance_blocker(study)
+    if why:
+        return missing(f"Importance cannot be computed: {why}.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = optuna.importance.get_param_importances(study)
+    fig, ax = figure(6.0, 0.6 + 0.35 * len(scores))
+    ax.barh(list(scores), list(scores.values()), color="#1f77b4")
+    ax.invert_yaxis()
+    ax.set(xlabel="importance for samples/s (normalised to sum to 1)")
+    notes = "".join(f"<p class='missing'>Optuna: {esc(str(w.message))}</p>" for w in caught)
+    text = f"Over {len(study.trials)} trials of study {name!r}, Optuna's default evaluator."
+    return f"<p>{esc(text)}</p>" + png(fig, "parameter importance") + notes
+
+
+def _importance_blocker(study: object) -> str | None:
+    """Why Optuna would refuse or return noise: it needs two complete trials that differ in a
+    parameter every complete trial has (a conditional FSDP knob alone does not count)."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(done) < 2:
+        return f"{len(done)} complete trial(s); at least 2 are needed"
+    shared = set.intersection(*(set(t.params) for t in done))
+    if not any(len({repr(t.params[p]) for t in done}) > 1 for p in shared):
+        return "no parameter shared by the complete trials takes more than one value"
+    return None
+
+
+def section_memory(record: RunRecord) -> str:
+    """Peak memory per trial: how close each configuration came to the capacity (OOMs marked)."""
+    if not record.trials:
+        return missing("trials.csv is missing: no peak memory to show.")
+    rows = [(r, num(r.get("peak_mem_mib"))) for r in record.trials]
+    shown = [(r, mib) for r, mib in rows if mib is not None]
+    if not shown:
+        return missing("No trial recorded its peak memory (peak_mem_mib is empty).")
+    fig, ax = figure()
+    colors = {"complete": "#1f77b4", "pruned": "#888888", "failed": "#d62728"}
+    ax.bar([f"{r['number']}" for r, _ in shown], [mib / 1024 for _, mib in shown],
+           color=[colors[_kind(r.get("state"))] for r, _ in shown])  # fmt: skip
+    capacity = num(record.run_info.get("memory_capacity_bytes"))
+    if capacity:
+        ax.axhline(capacity / 2**30, ls="--", color="#d62728", label="capacity")
+        ax.legend(fontsize="small")
+    ax.set(xlabel="trial", ylabel="peak memory (GiB)")
+    ooms = [r["number"] for r, _ in rows if r.get("state") == "oom"]
+    text = f"Out of memory: trial(s) {', '.join(ooms)}." if ooms else "No trial ran out of memory."
+    return f"<p>{esc(text)} Per worker: CUDA max allocated on GPUs, peak RSS on CPUs.</p>" + png(
+        fig, "peak memory per trial"
+    )

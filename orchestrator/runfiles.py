@@ -1,0 +1,115 @@
+"""The run folder, in one place: which files a run holds, and how they are read and written.
+
+A search folder holds trials.csv, best.yaml, best.env, study.db, remeasure.csv, probe.csv,
+run_info.json and report.html; a training run folder holds summary.json, progress.csv and
+grad_norms.csv. Every command that writes or reads them goes through here, so a file's name
+and shape are decided once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("commtune")
+
+RUN_INFO = "run_info.json"
+STUDY_DB = "study.db"
+PROBE_CSV = "probe.csv"
+SEARCH_FILES = ("trials.csv", "best.yaml", STUDY_DB, "remeasure.csv", PROBE_CSV, RUN_INFO)
+TRAIN_FILES = ("summary.json", "progress.csv", "grad_norms.csv")
+KNOWN_FILES = SEARCH_FILES + TRAIN_FILES
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside, then rename into place: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def storage_dir(out_dir: Path) -> str:
+    """Where each search group's TorchTrainer keeps its run state."""
+    return str((out_dir / "trials").resolve())
+
+
+def run_files(folder: Path) -> dict[str, Path]:
+    """The known files in ``folder`` or its ``train`` subfolder (a training run kept beside)."""
+    found: dict[str, Path] = {}
+    for where in (folder, folder / "train"):
+        for name in KNOWN_FILES:
+            if name not in found and (where / name).is_file():
+                found[name] = where / name
+    return found
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON or YAML file that must hold a mapping (ValueError otherwise)."""
+    data = (
+        json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    )
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def read_run_info(out: Path) -> dict[str, Any]:
+    path = out / RUN_INFO
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def update_run_info(out: Path, values: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``values`` into run_info.json (the topology of this machine is added once);
+    returns the whole record."""
+    info = read_run_info(out)
+    info.setdefault("topology", topology())
+    info.update(values)
+    write_atomic(out / RUN_INFO, json.dumps(info, indent=1, default=str))
+    return info
+
+
+def add_search_wall(out: Path, wall_s: float) -> None:
+    """Add a search's wall-clock (from its first trial's start to its last's end; a resumed
+    search adds its own) to run_info.json, for the measured share of search time."""
+    info = read_run_info(out)
+    update_run_info(out, {"search_wall_s": info.get("search_wall_s", 0.0) + wall_s})
+
+
+def read_probe(out: Path) -> list[dict[str, str]] | None:
+    """probe.csv's rows in ``out`` (None without a probe)."""
+    path = out / PROBE_CSV
+    return read_csv(path) if path.exists() else None
+
+
+def topology(node_root: Path = Path("/sys/devices/system/node")) -> dict[str, Any]:
+    """GPU links (``nvidia-smi topo -m``), NUMA nodes and CPU count of this machine: what
+    decides whether traffic crosses PCIe, NVLink or a socket boundary."""
+    info: dict[str, Any] = {"cpu_count": os.cpu_count()}
+    numa = {p.parent.name: p.read_text().strip() for p in sorted(node_root.glob("node*/cpulist"))}
+    if numa:
+        info["numa_nodes"] = numa
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            done = subprocess.run(
+                [smi, "topo", "-m"], capture_output=True, text=True, timeout=30, check=True
+            )
+            info["nvidia_smi_topo"] = done.stdout.rstrip()
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("nvidia-smi topo -m failed", exc_info=True)
+            info["nvidia_smi_topo_error"] = str(e)
+    return info

@@ -1,0 +1,1 @@
+"""``orchestrator.search``: the measured search (``python -m orchestrator.search``)."""

@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.search.cli import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""``python -m orchestrator.search``: tune a real DDP/FSDP run and write the best config.
+
+Exit codes: 0 success, 2 usage or configuration error (one line naming the key,
+before any Ray process starts), 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.runfiles import STUDY_DB
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from train_fns.plan import FAULT_KINDS
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.search", description=__doc__)
+    p.add_argument("--config", help="YAML config file (merged over the preset)")
+    p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. --set search.trials=8 (repeatable)",
+    )
+    p.add_argument("--trials", type=int, help="total trials, baseline included")
+    p.add_argument("--out", help="output folder (default: runs/<name>)")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
+    p.add_argument("--resume", action="store_true", help="continue the study in --out")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MINUTES",
+        help="start no trial after this many minutes (whichever of this and "
+        "--trials comes first); outputs are still written",
+    )
+    p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
+    p.add_argument(
+        "--inject-faults",
+        default="",
+        metavar="N:KIND,...",
+        help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang",
+    )
+    p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="rank candidate configs with the cost model; no cluster, nothing measured",
+    )
+    p.add_argument("--link", default="nvlink_a100", help="dry run: pcie_v100, nvlink_a100, ...")
+    p.add_argument("--nodes", type=int, default=1, help="dry run: nodes the ranks span")
+    p.add_argument("--tflops", type=float, default=100.0, help="dry run: TFLOP/s per rank")
+    return p.parse_args(argv)
+
+
+def parse_faults(text: str) -> dict[int, str]:
+    faults: dict[int, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        number, _, kind = item.partition(":")
+        if not number.isdigit() or kind not in FAULT_KINDS:
+            raise ConfigError(
+                "--inject-faults",
+                f"{item!r} is not TRIAL:KIND with KIND one of {', '.join(FAULT_KINDS)}; "
+                "e.g. --inject-faults 2:crash,3:hang",
+            )
+        faults[int(number)] = kind
+    return faults
+
+
+def provisional_context(config: Config) -> SearchContext:
+    return SearchContext(
+        backend="gloo",
+        strategy_mode=config.strategy,
+        use_gpu=False,
+        world_size=config.cluster.num_workers,
+        num_nodes=1,
+        global_batch=config.workload.global_batch,
+    )
+
+
+def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
+    """The config and faults the arguments describe, validated without touching the output
+    folder (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
+    sets = list(args.set)
+    for key, value in (
+        ("search.trials", args.trials),
+        ("search.storage", args.storage),
+        ("cluster.address", args.address),
+        ("search.time_budget_min", args.time_budget),
+    ):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    config = load_config(args.config, args.preset, sets)
+    try:
+        # Built once against a CPU context so that mistakes in the spaces (a missing
+        # strategy space, a condition on an unknown name) stop here, before Ray.
+        SearchSpace(load_spaces(config.search.spaces), provisional_context(config))
+    except SpaceError as e:
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+    return config, parse_faults(args.inject_faults)
+
+
+def output_dir(args: argparse.Namespace, config: Config) -> Path:
+    """``--out`` with ``~`` and ``$VARS`` expanded (a submitted job's folder names the
+    cluster's home), else ``runs/<name>``."""
+    if args.out:
+        return Path(os.path.expandvars(os.path.expanduser(args.out)))
+    return Path("runs") / config.name
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
+    """Everything that can fail on user input, checked before Ray starts."""
+    config, faults = check(args)
+    out = output_dir(args, config)
+    if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
+        raise ConfigError(
+            "--out",
+            f"{out} already holds a study; pass --resume to continue it or choose another --out",
+        )
+    return config, out, faults
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config, out, faults = prepare(args)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from orchestrator.search.estimate import dry_run
+
+        try:
+            print("\n".join(dry_run(config, args.link, args.nodes, args.tflops)))
+        except ConfigError as e:
+            print(f"commtune: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    started = time.monotonic()
+    try:
+        from orchestrator.search.pipeline import run_search
+
+        budget = config.search.time_budget_min
+        deadline = time.time() + budget * 60 if budget else None
+        lines, baseline_ok = run_search(
+            config, out, faults, resume=args.resume, verbose=args.verbose, deadline=deadline
+        )
+    except ConfigError as e:  # found only once the cluster is known (e.g. too few resources)
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("commtune: interrupted; resume with --resume", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    print(f"outputs in {out} ({time.monotonic() - started:.0f}s)")
+    if not baseline_ok:
+        print(
+            "commtune: the baseline (trial 0) did not complete; there is nothing to compare "
+            "against (see trials.csv)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+

@@ -1,0 +1,83 @@
+"""The search's evidence beyond throughput: the probe before the trials and the 1-worker
+scaling baseline after them, both recorded for the doctor and the report (probe.csv,
+run_info.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
+from orchestrator.probe import ProbeSettings, run_probe, write_csv
+from orchestrator.runfiles import PROBE_CSV, read_probe, storage_dir
+from orchestrator.search.results import TrialRecord, baseline_record
+from orchestrator.search.trial import derive_plan, measure_plans
+from orchestrator.session import resolve_gpu
+from train_fns import metrics as m
+
+
+def measure_link(config: Any, out: Path) -> None:
+    """The bandwidth probe once, on the trials' workers and environment: probe.csv."""
+    print("probe: all-reduce / all-gather / reduce-scatter sweep before the trials", flush=True)
+    # Every other power of two: enough for the bound (latency and large-message bandwidth) at
+    # half the cost of the CLI's full sweep.
+    sizes = tuple(4**k for k in range(5, 15))  # 1 KiB .. 256 MiB
+    gpu = resolve_gpu(config)
+    rows = run_probe(config, ProbeSettings(sizes=sizes if gpu else sizes[:-1]),
+                     storage_path=storage_dir(out), say=print)  # fmt: skip
+    write_csv(rows, out / PROBE_CSV)
+    link = probed_link(out)
+    if link is not None:
+        print(
+            f"probe: all-reduce bus bandwidth {link.bandwidth_bytes_per_s / 1e9:.3g} GB/s at the "
+            f"largest size, latency {link.latency_s * 1e6:.0f} us per step",
+            flush=True,
+        )
+
+
+def probed_link(out: Path) -> Link | None:
+    """The costmodel Link measured by probe.csv in ``out`` (None without a probe)."""
+    rows = read_probe(out)
+    return None if rows is None else link_from_probe(rows)
+
+
+def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[str, Any]:
+    """The baseline measured once on a single worker (skipped when off, on one worker, when
+    the baseline failed, or when the time budget is spent), and the gradient bytes."""
+    base = baseline_record(recs, ctx.space.baseline())
+    extra: dict[str, Any] = {}
+    if base is not None and base.attrs.get(m.NUM_PARAMS):
+        extra["grad_bytes"] = base.attrs[m.NUM_PARAMS] * GRAD_BYTES_PER_PARAM
+    if base is not None and base.attrs.get(m.GPU_UTIL) is not None:
+        extra["gpu_util"] = base.attrs[m.GPU_UTIL]  # NVML, sampled at each window's end
+    config = ctx.config
+    if not config.search.scaling_baseline or config.cluster.num_workers == 1 or base is None:
+        return extra
+    if deadline is not None and time.time() > deadline:
+        print("time budget spent: no single-worker baseline", flush=True)
+        return extra
+    one = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, num_workers=1))
+    single = dataclasses.replace(ctx, config=one)
+    print("scaling: measuring the baseline on 1 worker", flush=True)
+    (outcome,) = measure_plans(single, [derive_plan(single, base.params)], "scaling_1worker")
+    if outcome.get(m.STATE) != m.COMPLETE:
+        print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
+        return extra
+    return extra | {"single_worker_samples_per_s": outcome[m.SAMPLES_PER_S]}
+
+
+def scaling_lines(recs: list[TrialRecord], baseline: dict, info: dict[str, Any]) -> list[str]:
+    """One line: scaling efficiency of the baseline with its N workers."""
+    single = info.get("single_worker_samples_per_s")
+    base = baseline_record(recs, baseline)
+    world = info.get("world_size") or 0
+    if not single or base is None or world < 2:
+        return []
+    value = base.attrs[m.SAMPLES_PER_S]
+    efficiency = value / (world * single)
+    return [
+        f"scaling: baseline {value:.2f} samples/s on {world} workers vs {single:.2f} on 1 -> "
+        f"efficiency {efficiency:.0%} (throughput(N) / (N x throughput(1)))"
+    ]

@@ -1,0 +1,229 @@
+"""One worker group measuring several configurations (warm evaluation), watched from the driver.
+
+``fit()`` blocks, so it runs in a daemon thread while this thread takes the workers' messages
+from a queue on the driver's node (``train_fns.group`` says what they send) and turns each
+configuration into an outcome as soon as every rank has finished it. Only then is the next
+configuration drawn from the source and put in the workers' inbox (one copy per rank), so the
+source may choose it knowing every outcome so far. A configuration that runs
+past ``trial_timeout_s`` ends the group (the trial returns; Tune then ends its actor and Ray's
+ownership ends the controller and the workers). Whatever the group did not reach is returned
+as None: the caller re-queues it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.search.outcome import (
+    classify_failure,
+    failure_texts,
+    summarize,
+    window_throughputs,
+)
+from orchestrator.search.placement import label_selector
+from orchestrator.session import driver_queue
+from orchestrator.workers import Fit, GroupSpec, torch_trainer
+from train_fns import metrics as m
+from train_fns.plan import TrialPlan
+
+Outcome = dict[str, Any]
+WARM_WARMUP_STEPS = 1
+"""Warm-up steps of a configuration after the group's first: the processes, libraries and
+thread pools are warm already; one step builds the new model's buckets and optimizer state."""
+
+
+Source = Iterator[tuple[TrialPlan, dict[str, str]]]
+"""(plan, environment variables) pairs; every environment must equal the first's."""
+
+
+class GroupRun:
+    """Run the plans of a source (same environment variables, same world size) in one
+    TorchTrainer, one after another."""
+
+    def __init__(self, ctx: Any, name: str, nodes: list[str] | None = None):
+        self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
+        shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
+        self.ctx, self.name, self.nodes = ctx, name, nodes
+        self.plans: list[TrialPlan] = []
+        self.outcomes: list[Outcome | None] = []
+        self.ends: list[dict[int, dict]] = []
+        self.started: dict[int, float] = {}
+        self.imports_s = 0.0
+        self.error: BaseException | None = None
+
+    def run(self, source: Source, on_outcome: Callable[[int, Outcome], None] | None = None):
+        """Measure every plan the source gives; ``on_outcome(index, outcome)`` is called as
+        each one ends. Returns the outcomes in order, None for a plan the group did not reach."""
+        first = next(source, None)
+        if first is None:
+            return []
+        self.source, self.env = source, first[1]
+        reports, self.inbox = driver_queue(), driver_queue()
+        self._dispatch(first)
+        self.fit_start = self.boundary = time.monotonic()
+        fit = Fit(torch_trainer(self._spec(reports)))
+        emit = on_outcome or (lambda index, outcome: None)
+        try:
+            take = lambda item: self._take(item, emit)  # noqa: E731
+            if not fit.drain(reports, take, stop=lambda: self._late(emit)):
+                return self.outcomes  # a configuration overran trial_timeout_s: group ended
+        finally:
+            if fit.done.is_set():  # a group ended early may still send: its queues go with it
+                reports.shutdown()
+                self.inbox.shutdown()
+        self.error = fit.error
+        current = self.current()
+        if current is not None:  # the group ended during it (or, a bug, before it)
+            self._finish(current, self._failed(current), emit)
+        return self.outcomes
+
+    def _late(self, emit: Callable[[int, Outcome], None]) -> bool:
+        """True (and the configuration recorded as a hang) when the running one overran
+        ``trial_timeout_s``."""
+        current, deadline_s = self.current(), self.ctx.config.search.trial_timeout_s
+        if current is None:
+            return False
+        if time.monotonic() - self.started.get(current, self.dispatched) <= deadline_s:
+            return False
+        self._finish(current, self._hang(current, deadline_s), emit)
+        return True
+
+    def _dispatch(self, item: tuple[TrialPlan, dict[str, str]] | None) -> None:
+        """Put the next plan (or the end, None) in every rank's inbox."""
+        if item is None:
+            for _ in range(self.plans[0].world_size):
+                self.inbox.put(None)
+            return
+        plan, env = item
+        if env != self.env:
+            raise ValueError(f"a worker group shares its environment: {env} != {self.env}")
+        warmup = plan.warmup_steps if not self.plans else min(plan.warmup_steps, WARM_WARMUP_STEPS)
+        plan = dataclasses.replace(plan, marker_dir=str(self.marker_dir), warmup_steps=warmup)
+        self.plans.append(plan)
+        self.outcomes.append(None)
+        self.ends.append({})
+        self.dispatched = time.monotonic()
+        for _ in range(plan.world_size):
+            self.inbox.put(plan.to_dict())
+
+    def current(self) -> int | None:
+        """The first configuration without an outcome (the one running, or next)."""
+        return next((i for i, o in enumerate(self.outcomes) if o is None), None)
+
+    def _spec(self, reports: Any) -> GroupSpec:
+        from train_fns.worker import train_loop_per_worker
+
+        plan, cluster = self.plans[0], self.ctx.config.cluster
+        return GroupSpec(
+            loop=train_loop_per_worker,
+            loop_config={"inbox": self.inbox, "reports": reports},
+            name=self.name,
+            storage_path=self.ctx.storage_path,
+            num_workers=plan.world_size,
+            use_gpu=plan.use_gpu,
+            cpus_per_worker=cluster.cpus_per_worker,
+            env=self.env,
+            timeout_s=int(plan.step_deadline_s) + 30,
+            scaling={"label_selector": label_selector(self.nodes)},
+        )
+
+    def _take(self, item: dict[str, Any], emit: Callable[[int, Outcome], None]) -> None:
+        index = item["index"]
+        if item["kind"] == "start":
+            self.started[index] = time.monotonic()
+            self.imports_s += item.get("imports_s", 0.0)
+            return
+        self.ends[index][item["rank"]] = item
+        if len(self.ends[index]) == self.plans[index].world_size:
+            self._finish(index, self._measured(index), emit)
+            self._dispatch(next(self.source, None))  # every rank waits for it
+
+    def _finish(self, index: int, outcome: Outcome, emit: Callable[[int, Outcome], None]) -> None:
+        now = time.monotonic()
+        outcome["trial_wall_s"] = now - self.boundary
+        outcome["timings"] = self._timings(index, outcome["trial_wall_s"])
+        self.boundary = now
+        self.outcomes[index] = outcome
+        emit(index, outcome)
+
+    def _windows(self, index: int) -> list[list[dict[str, Any]]]:
+        """Window reports by window, each a list over ranks."""
+        by_rank = [self.ends[index][r]["windows"] for r in sorted(self.ends[index])]
+        return [list(ranks) for ranks in zip(*by_rank, strict=False)]
+
+    def _measured(self, index: int) -> Outcome:
+        plan, ends = self.plans[index], self.ends[index].values()
+        ooms = [e["reason"] for e in ends if e["status"] == m.OOM]
+        if ooms:
+            return {m.STATE: m.OOM, m.REASON: f"out of memory ({len(ooms)} ranks): {ooms[0]}"}
+        windows = self._windows(index)
+        if any(e["status"] == m.PRUNED for e in ends):
+            return self._pruned(plan, windows)
+        return {m.STATE: m.COMPLETE, m.REASON: "", **summarize(windows, plan)}
+
+    def _failed(self, index: int) -> Outcome:
+        """The group ended while ``index`` ran: out of memory if a rank said so, else the
+        classified failure of ``fit()``."""
+        ooms = [e["reason"] for e in self.ends[index].values() if e["status"] == m.OOM]
+        if ooms:
+            return {m.STATE: m.OOM, m.REASON: f"out of memory (some ranks only): {ooms[0]}"}
+        if self.error is None:
+            return {m.STATE: m.ERROR, m.REASON: "the worker group ended without a result"}
+        peak = max(
+            (w[m.PEAK_MEM_BYTES] for e in self.ends[index].values() for w in e["windows"]),
+            default=None,
+        )
+        markers = self._hang_markers()
+        state, reason = classify_failure(self.error, self.plans[index], peak, markers)
+        detail = "\n".join(failure_texts(self.error))[-4000:]
+        return {m.STATE: state, m.REASON: reason, "failure": detail}
+
+    def _hang_markers(self) -> list[str]:
+        """What the workers' watchdogs left before ending themselves (empty: no hang)."""
+        if not self.marker_dir.is_dir():
+            return []
+        return [p.read_text().strip() for p in sorted(self.marker_dir.glob("hang-rank*.txt"))]
+
+    @staticmethod
+    def _pruned(plan: TrialPlan, windows: list[list[dict[str, Any]]]) -> Outcome:
+        throughputs = window_throughputs(windows, plan.global_batch)
+        shown = ", ".join(f"{t:.1f}" for t in throughputs)
+        return {
+            m.STATE: m.PRUNED,
+            m.REASON: (
+                f"windows at {shown} samples/s, all below {plan.prune_below:.1f} (the best so "
+                "far minus 3x the measured noise, at least 5% each); stopped early"
+            ),
+            "window_samples_per_s": throughputs,
+        }
+
+    def _hang(self, index: int, deadline_s: float) -> Outcome:
+        return {
+            m.STATE: m.HANG,
+            m.REASON: (
+                f"no result within trial_timeout_s={deadline_s:g}s; the worker group was "
+                "ended and the configurations after it re-queued"
+            ),
+        }
+
+    def _timings(self, index: int, wall_s: float) -> dict[str, float]:
+        """Where this configuration's wall-clock went (the group's start is the first's)."""
+        windows = self._windows(index) if self.ends[index] else []
+        setup = max((w.get(m.SETUP_S) or {} for w in windows[0]), key=len) if windows else {}
+        parts = {
+            "start_s": (self.started.get(0, self.fit_start) - self.fit_start) if index == 0 else 0,
+            "imports_s": self.imports_s if index == 0 else 0.0,
+            "build_s": setup.get("model_build_s", 0.0),
+            "wrap_s": setup.get("wrap_s", 0.0),
+            "warmup_s": setup.get("warmup_s", 0.0),
+            "reference_s": setup.get("reference_s", 0.0),
+            "measured_s": sum(max(w.get(m.WINDOW_WALL_S, 0.0) for w in r) for r in windows),
+        }
+        parts["start_s"] = max(0.0, parts["start_s"] - parts["imports_s"])
+        parts["other_s"] = max(0.0, wall_s - sum(parts.values()))
+        return parts

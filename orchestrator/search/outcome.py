@@ -1,0 +1,155 @@
+"""Pure functions that turn what a trial's workers did into a trial outcome.
+
+No Ray here: the driver hands over the per-worker window reports and, on failure,
+the exception; these functions return values (a summary, a classification) that
+are tested on their own.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from train_fns import metrics as m
+from train_fns.commsplit import comm_fraction, exposed_comm
+from train_fns.metrics import HANG_EXIT_CODE
+from train_fns.plan import TrialPlan
+
+GIB = 1024**3
+
+
+def window_throughputs(windows: list[list[dict[str, Any]]], global_batch: int) -> list[float]:
+    """Global samples/s of each window: a synchronous step is as slow as its slowest rank."""
+    return [global_batch / max(w[m.STEP_TIME_S] for w in ranks) for ranks in windows]
+
+
+def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str, Any]:
+    """Aggregate per-window, per-worker reports into the trial's metrics.
+
+    A synchronous step is as slow as its slowest rank, so each window's step time
+    is the maximum over ranks; throughput is the median over windows and the spread
+    is their coefficient of variation.
+    """
+    if not windows:
+        raise ValueError("no measurement window was reported")
+    throughputs = window_throughputs(windows, plan.global_batch)
+    median_tp = statistics.median(throughputs)
+    cv = statistics.pstdev(throughputs) / statistics.fmean(throughputs) if len(windows) > 1 else 0.0
+    parts = {
+        key: statistics.median(max(w[key] for w in ranks) for ranks in windows)
+        for key in (m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S, m.OPTIM_S)
+    }
+    last = windows[-1]
+    return {
+        **comm_split(windows),
+        m.SAMPLES_PER_S: median_tp,
+        m.TOKENS_PER_S: median_tp * plan.seq_len,
+        m.THROUGHPUT_CV: cv,
+        **parts,
+        m.LOSS: statistics.fmean(w[m.LOSS] for w in last),
+        m.PEAK_MEM_BYTES: max(w[m.PEAK_MEM_BYTES] for ranks in windows for w in ranks),
+        m.ENV_SEEN: {str(w[m.RANK]): w[m.ENV_SEEN] for w in last},
+        m.SETUP_S: max((w.get(m.SETUP_S) or {} for w in windows[0]), key=lambda s: sum(s.values())),
+        m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
+        m.NUM_PARAMS: max(w.get(m.NUM_PARAMS, 0) for w in last),
+        m.GPU_UTIL: _median_or_none(w.get(m.GPU_UTIL) for ranks in windows for w in ranks),
+        "num_windows": len(windows),
+        "window_samples_per_s": throughputs,
+    }
+
+
+def _median_or_none(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def comm_split(windows: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """Exposed communication and compute of a step, measured (medians over windows).
+
+    Per rank, exposed communication is the syncing micro-step minus one without sync (never
+    below 0); a synchronous step waits for its slowest rank, so a window takes the largest.
+    """
+    if any(m.NOSYNC_MICRO_S not in w for ranks in windows for w in ranks):
+        return {}
+    exposed, compute = [], []
+    for ranks in windows:
+        comm = max(exposed_comm(w[m.SYNC_MICRO_S], w[m.NOSYNC_MICRO_S], 0.0)[0] for w in ranks)
+        exposed.append(comm)
+        compute.append(max(w[m.FWD_BWD_S] for w in ranks) - comm)
+    comm_s, compute_s = statistics.median(exposed), statistics.median(compute)
+    return {
+        m.EXPOSED_COMM_S: comm_s,
+        m.COMPUTE_S: compute_s,
+        m.COMM_FRACTION: comm_fraction(comm_s, compute_s) or 0.0,
+    }
+
+
+def failure_texts(exc: BaseException) -> list[str]:
+    """Messages of the exception, its chain and, for worker-group errors, each worker's."""
+    texts, seen, todo = [], set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        texts.append(f"{type(e).__name__}: {e}")
+        todo.extend([e.__cause__, e.__context__])
+        todo.extend(getattr(e, "worker_failures", {}).values())
+        todo.append(getattr(e, "controller_failure", None))
+    return texts
+
+
+def classify_failure(
+    exc: BaseException,
+    plan: TrialPlan,
+    peak_mem_bytes: int | None = None,
+    hang_markers: list[str] | None = None,
+) -> tuple[str, str]:
+    """Map a failed ``fit()`` to (state, reason), the reason fit for a log line.
+
+    Order matters: an OOM on one rank makes the others fail in a collective, so the
+    root cause is looked for first. Ray reports a worker that ended itself and one
+    that was killed alike, so the watchdogs' ``hang_markers`` tell a hang apart.
+    """
+    text = "\n".join([*failure_texts(exc), *(hang_markers or [])])
+    low = text.lower()
+    peak = f"{peak_mem_bytes / GIB:.2f} GiB" if peak_mem_bytes else "unknown"
+    if "outofmemoryerror" in low or "out of memory" in low:
+        return m.OOM, (
+            f"out of memory at micro_batch={plan.micro_batch} "
+            f"(accumulation {plan.accumulation_steps}, {plan.strategy}); peak seen {peak}"
+        )
+    if "commtune watchdog" in low or f"exit code {HANG_EXIT_CODE}" in low or "timed out" in low:
+        return m.HANG, (
+            f"no step finished within step_deadline_s={plan.step_deadline_s:g}s; "
+            "the worker group was ended"
+        )
+    crash_marks = ("actordiederror", "died", "sigkill", "signal", "exit code", "unexpectedly")
+    if any(mark in low for mark in crash_marks):
+        first = next((t for t in failure_texts(exc) if "died" in t.lower()), text)
+        return m.CRASH, f"a worker process died: {_one_line(first)}"
+    return m.ERROR, _one_line(text)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+MIN_NOISE = 0.05
+"""Floor on the relative noise used for pruning. A trial's window spread understates the
+run-to-run spread: on the 2-core CI machine, repeated baseline runs spread by a CV of about
+5% while their windows spread by 2-8%; so no trial is pruned for being under 15% slower."""
+PRUNE_SIGMAS = 3.0
+
+
+def prune_threshold(best_value: float | None, best_cv: float | None) -> float | None:
+    """The throughput below which a trial is clearly slower than the best so far.
+
+    Clearly means by more than the measured noise: ``PRUNE_SIGMAS`` times the best
+    trial's window spread (at least ``MIN_NOISE``). None when there is no best yet.
+    """
+    if best_value is None or best_value <= 0:
+        return None
+    noise = max(best_cv or 0.0, MIN_NOISE)
+    return best_value * max(0.0, 1.0 - PRUNE_SIGMAS * noise)

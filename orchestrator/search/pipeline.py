@@ -1,0 +1,196 @@
+"""Run a search on a Ray cluster: start or join it, size it, tune, write outputs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import optuna
+
+from orchestrator.config import Config, ConfigError, SearchConfig
+from orchestrator.plans import resolve_task
+from orchestrator.report import write_report
+from orchestrator.runfiles import add_search_wall, storage_dir, update_run_info
+from orchestrator.search import evidence, study
+from orchestrator.search.estimate import model_size
+from orchestrator.search.finalists import finalists, remeasure
+from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
+from orchestrator.search.results import baseline_record, overhead_line, records, write_outputs
+from orchestrator.search.trial import TrialContext
+from orchestrator.search.tuner import build_tuner
+from orchestrator.session import (
+    backend_name,
+    check_capacity,
+    quiet_libraries,
+    resolve_gpu,
+    start_ray,
+)
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+
+log = logging.getLogger("commtune")
+
+
+def search_context(config: Config, use_gpu: bool) -> SearchContext:
+    """What the spaces are conditioned on: backend, world size, nodes, the global batch."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if use_gpu:
+        alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
+    return SearchContext(
+        backend=backend_name(use_gpu),
+        strategy_mode=config.strategy,
+        use_gpu=use_gpu,
+        world_size=config.cluster.num_workers,
+        num_nodes=max(1, min(len(alive), config.cluster.num_workers)),
+        global_batch=config.workload.global_batch,
+    )
+
+
+def run_search(
+    config: Config,
+    out: Path,
+    faults: dict[int, str],
+    resume: bool,
+    verbose: bool,
+    deadline: float | None = None,
+) -> tuple[list[str], bool]:
+    """The whole search; returns the closing lines and whether the baseline completed."""
+    import ray
+
+    quiet_libraries(verbose)
+    start_ray(config, verbose)
+    try:
+        use_gpu = resolve_gpu(config)
+        check_capacity(config, use_gpu)
+        space = SearchSpace(load_spaces(config.search.spaces), search_context(config, use_gpu))
+        for what, why in space.dropped():
+            print(f"search space: {what} dropped: {why}")
+        task = resolve_task(config)
+        info = update_run_info(out, _context_info(space.context))
+        if config.search.probe and not resume:
+            evidence.measure_link(config, out)
+        link = evidence.probed_link(out)
+        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults, link)
+        storage = study.open_storage(config, out)
+        ran = _tune(ctx, storage, resume, out, deadline)
+        recs = records(optuna.load_study(study_name=config.name, storage=storage))
+        lines = write_outputs(recs, config, space, out)  # written before re-measuring
+        if ran:
+            info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
+            comparisons = _remeasure(ctx, recs, out, deadline)
+            lines = write_outputs(recs, config, space, out, comparisons)
+        lines += evidence.scaling_lines(recs, space.baseline(), info)
+        lines += filter(None, [overhead_line(recs, info.get("search_wall_s"))])
+        lines.append(write_report(out))
+        return lines, baseline_record(recs, space.baseline()) is not None
+    except SpaceError as e:  # e.g. a grid too large for this cluster's context
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+    finally:
+        ray.shutdown()
+
+
+def _tune(
+    ctx: TrialContext,
+    storage: optuna.storages.BaseStorage,
+    resume: bool,
+    out: Path,
+    deadline: float | None,
+) -> bool:
+    """Run the trials still owed; False when there were none (outputs are only rewritten)."""
+    config, space = ctx.config, ctx.space
+    existing = study.load(storage, config.name)
+    if existing is not None and not resume:
+        raise ConfigError(
+            "--resume",
+            f"study {config.name!r} already exists in {config.search.storage or out}; "
+            "pass --resume to continue it, or set another name or storage",
+        )
+    if existing is not None:
+        for number in study.requeue_interrupted(existing):
+            print(f"resume: trial {number} was interrupted; its params run again", flush=True)
+    done = study.counted(existing)
+    remaining = max(0, config.search.trials - done)
+    cfg = config.search
+    if cfg.sampler == "grid":
+        size = len(space.grid())
+        if size > remaining + done:
+            print(f"grid: {size} points, {cfg.trials} trials: only the first {cfg.trials} run "
+                  "(raise search.trials to cover the grid)", flush=True)  # fmt: skip
+        remaining = min(remaining, max(0, size - done))
+    if not remaining:
+        print(
+            f"resume: the study already has {done} of {cfg.trials} trials; rewriting the outputs",
+            flush=True,
+        )
+        return False
+    the_study = optuna.create_study(
+        study_name=config.name, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),
+    )  # fmt: skip
+    if existing is None:
+        the_study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, cfg.sampler, cfg.trials, _seeds(ctx))
+    print(
+        f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
+        f"({config.workload.model}, {config.cluster.num_workers} "
+        f"{'GPU' if ctx.use_gpu else 'CPU'} workers, global batch {config.workload.global_batch},"
+        f" strategy {cfg.sampler}, {_evaluation(cfg)}); trial 0 is the untouched baseline",
+        flush=True,
+    )
+    started = time.monotonic()
+    build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+    add_search_wall(out, time.monotonic() - started)
+    return True
+
+
+def _seeds(ctx: TrialContext) -> list[dict]:
+    """The cost model's best-ranked configurations, on the probed link when there is one."""
+    cfg = ctx.config
+    if not cfg.search.cost_model_seeds or cfg.search.sampler == "grid":
+        return []
+    size = model_size(cfg)
+    seeds = search_seeds(
+        ctx.space, size, cfg.workload.seq_len, cfg.search.cost_model_seeds, ctx.link
+    )
+    shown = "the probed link" if ctx.link else "nominal figures"
+    print(f"cost model ({shown}): {len(seeds)} seed configuration(s) after the baseline")
+    return seeds
+
+
+def _evaluation(cfg: SearchConfig) -> str:
+    if cfg.warm:
+        return f"warm evaluation: up to {cfg.group_size} configurations per worker group"
+    return "cold evaluation: fresh workers for every configuration"
+
+
+def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> list:
+    """Re-measure the finalists beside the baseline (skipped when there is nothing to compare
+    or the time budget is spent)."""
+    base = baseline_record(recs, ctx.space.baseline())
+    top = ctx.config.search.remeasure_top
+    chosen = finalists(recs, base, top) if base and top else []
+    if not chosen:
+        if base and top:
+            print("no finalist to re-measure: every other trial failed or was pruned", flush=True)
+        return []
+    if deadline is not None and time.time() > deadline:
+        print("time budget spent: the finalists are not re-measured", flush=True)
+        return []
+    print(
+        f"re-measuring the top {len(chosen)} beside the baseline "
+        f"({2 * len(chosen) + 1} runs, interleaved)",
+        flush=True,
+    )
+    return remeasure(ctx, base, chosen, out)
+
+
+def _context_info(context: SearchContext) -> dict:
+    """What run_info.json records of the trials' context, for the doctor and the report."""
+    return {
+        "backend": context.backend,
+        "world_size": context.world_size,
+        "num_nodes": context.num_nodes,
+        "use_gpu": context.use_gpu,
+    }

@@ -1,0 +1,265 @@
+"""Which configurations the search measures next: staged search and cost-model seeds.
+
+A trial costs minutes, so the order of the first few matters more than the sampler's
+asymptotics. ``staged`` (after DeepSpeed autotuning's fast mode, and AutoCCL's split of the
+NCCL space into small independent subspaces) spends the budget in three stages:
+
+1. memory shape: the memory-shaping choices (:data:`MEMORY_PARAMS`) with every
+   communication knob at its default, ordered by the cost model's seeds when the budget
+   cannot hold them all, because they decide what fits and how much compute there is;
+2. communication: from the best completed trial, each knob's values one at a time with the
+   others at the current best (coordinate descent: linear in the knobs, not their product);
+3. joint refinement: nothing is enqueued and the TPE sampler takes over, with everything
+   measured so far as its history.
+
+Every decision is recomputed from the study's contents (completed trials and what is
+already queued), so a restarted driver carries on where the dead one stopped, and no
+configuration is ever queued twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from orchestrator.config import SAMPLERS
+from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, rank_candidates
+from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
+
+MEMORY_PARAMS = (
+    "strategy",
+    "accumulation_steps",
+    "activation_checkpointing",
+    "reshard_after_forward",
+)
+COMM_ORDER = (
+    "bucket_cap_mb",
+    "static_graph",
+    "gradient_as_bucket_view",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_BUFFSIZE",
+    "NCCL_NTHREADS",
+    "NCCL_SOCKET_NTHREADS",
+    "NCCL_NSOCKS_PERTHREAD",
+)
+"""Stage 2's knob order, most effect first: DDP bucketing decides how many messages there are
+and how much overlaps; then which NCCL algorithm and protocol carry them, and how wide."""
+STAGE1_SHARE = 0.4
+"""Most of the budget stage 1 may take (baseline included)."""
+STAGE3_SHARE = 0.25
+"""Budget left to the sampler's joint refinement: stage 2 stops before it."""
+MAX_SWEEP = 8
+"""A knob with more values than this is swept on powers of two and its ends only."""
+GRID_BATCH = 32
+"""Grid points queued per refill: enough to keep parallel asks busy, cheap to look up."""
+
+
+def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    """The sampler behind a strategy; grid points and seeds are enqueued, so a random sampler
+    only fills in. ``constant_liar``: the live search asks several trials before telling any,
+    and without it TPE would propose the same point to each."""
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown search strategy {name!r}; use one of {SAMPLERS}")
+    if name in ("tpe", "staged"):
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=max(3, trials // 4), constant_liar=True
+        )
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _key(optuna_params: dict[str, Any]) -> str:
+    """Identity of a configuration; repr keeps ``True`` apart from ``1``."""
+    return repr(sorted(optuna_params.items()))
+
+
+def _queued_params(trial: FrozenTrial) -> dict[str, Any]:
+    """A waiting trial has no params yet, only the fixed ones it was enqueued with."""
+    return {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+
+
+def _thin(points: list[dict[str, Any]], knob: str) -> list[dict[str, Any]]:
+    """Keep a long int range's powers of two and ends: a sweep stays short, and the
+    throughput of thread and socket counts changes on a log scale."""
+    if len(points) <= MAX_SWEEP:
+        return points
+    last = len(points) - 1
+
+    def kept(i: int, value: Any) -> bool:
+        is_pow2 = isinstance(value, int) and value > 0 and value & (value - 1) == 0
+        return i in (0, last) or is_pow2
+
+    return [p for i, p in enumerate(points) if kept(i, p.get(knob))]
+
+
+class Proposer:
+    """Queues the next candidates of a search strategy into an Optuna study."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        strategy: str,
+        budget: int,
+        seeds: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        if strategy not in SAMPLERS:
+            raise ValueError(f"unknown search strategy {strategy!r}; use one of {SAMPLERS}")
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1 (the baseline counts)")
+        self.space, self.strategy, self.budget = space, strategy, budget
+        self._baseline = space.baseline()
+        self._seeds = [dict(s) for s in seeds] if strategy != "grid" else []
+        names = space.param_names
+        self._memory = [n for n in MEMORY_PARAMS if n in names]
+        rest = [n for n in names if n not in MEMORY_PARAMS]
+        self._knobs = [n for n in COMM_ORDER if n in rest]
+        self._knobs += [n for n in rest if n not in COMM_ORDER]
+        self._stage2_end = budget - round(STAGE3_SHARE * budget)
+        self._grid: list[dict[str, Any]] | None = None
+        self._stage1: list[dict[str, Any]] | None = None
+
+    def refill(self, study: optuna.Study) -> int:
+        """Called before every ``study.ask()``. When the study has no WAITING trial, enqueue
+        the next candidates and return how many were enqueued (0: let the sampler choose)."""
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return 0
+        seen = {_key(_queued_params(t)) for t in trials}
+        batch = self._next(trials, self._fresh_filter(seen))
+        for params in batch:
+            study.enqueue_trial(self.space.optuna_params(params), skip_if_exists=True)
+        return len(batch)
+
+    def _fresh_filter(self, seen: set[str]) -> Callable[[Iterable[dict]], list[dict]]:
+        def fresh(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+            out, keys = [], set(seen)
+            for p in points:
+                key = _key(self.space.optuna_params(p))
+                if key not in keys:
+                    keys.add(key)
+                    out.append(p)
+            return out
+
+        return fresh
+
+    def _next(self, trials: list[FrozenTrial], fresh: Callable) -> list[dict[str, Any]]:
+        if self.strategy == "grid":
+            return fresh(self._grid_points())[:GRID_BATCH]
+        seeds = fresh(self._seeds)
+        if seeds or self.strategy != "staged":
+            return seeds
+        return self._staged(trials, fresh)
+
+    def _grid_points(self) -> list[dict[str, Any]]:
+        if self._grid is None:
+            self._grid = self.space.grid()
+        return self._grid
+
+    def _staged(self, trials: list[FrozenTrial], fresh: Callable) -> list[dict[str, Any]]:
+        stage1 = fresh(self._stage1_points())
+        if stage1:
+            return stage1
+        room = self._stage2_end - len(trials)
+        best = self._best(trials)
+        if room <= 0 or best is None:
+            return []  # stage 3 (or nothing completed yet): the sampler decides
+        for knob in self._knobs:
+            sweep = fresh(_thin(self.space.grid_slice([knob], best), knob))
+            if sweep:
+                return sweep[:room]
+        return []  # a coordinate-wise optimum: stage 3 starts early
+
+    def _stage1_points(self) -> list[dict[str, Any]]:
+        """The baseline, then the memory shapes the cost model ranks first, then those
+        closest to the defaults, up to :data:`STAGE1_SHARE` of the budget."""
+        if self._stage1 is None:
+            shapes = self.space.grid_slice(self._memory, self._baseline)
+            rank = {}
+            for i, seed in enumerate(self._seeds):
+                rank.setdefault(self._shape(seed), i)
+            defaults = self._defaults()
+
+            def order(item: tuple[int, dict[str, Any]]) -> tuple[bool, int, int, int]:
+                i, p = item
+                changed = sum(p.get(n) not in (None, defaults.get(n)) for n in self._memory)
+                shape = self._shape(p)
+                return shape != self._shape(self._baseline), rank.get(shape, 1 << 30), changed, i
+
+            ordered = [p for _, p in sorted(enumerate(shapes), key=order)]
+            self._stage1 = ordered[: max(1, round(STAGE1_SHARE * self.budget))]
+        return self._stage1
+
+    def _shape(self, params: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(params.get(n) for n in self._memory)
+
+    def _defaults(self) -> dict[str, Any]:
+        """Each param's default, including those the baseline's strategy leaves inactive."""
+        out: dict[str, Any] = {}
+        for point in self.space.grid_slice(["strategy"], self._baseline):
+            out = {**point, **out}
+        return {**out, **self._baseline}
+
+    def _best(self, trials: list[FrozenTrial]) -> dict[str, Any] | None:
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+        if not done:
+            return None
+        best = max(done, key=lambda t: (t.value, -t.number))  # ties: the earliest
+        return self.space.from_optuna_params(best.params)
+
+
+def cost_model_seeds(
+    space: SearchSpace,
+    model: ModelSize,
+    link: Link,
+    compute_s_per_sample: float,
+    count: int,
+) -> list[dict[str, Any]]:
+    """The ``count`` configurations the cost model ranks best, baseline excluded.
+
+    Candidates are the space's distinct plan knobs with NCCL variables at their defaults
+    (the model does not see them). Candidates the model cannot tell apart (the same
+    prediction, e.g. differing only in ``static_graph``) yield one seed: a second would
+    test nothing the model knows.
+    """
+    ctx = space.context
+    vary = [n for n in space.param_names if n in PLAN_KNOBS]
+    baseline = space.optuna_params(space.baseline())
+    candidates = [p for p in space.grid_slice(vary) if space.optuna_params(p) != baseline]
+    ranked = rank_candidates(candidates, model, ctx.world_size, link, compute_s_per_sample,
+                             global_batch=ctx.global_batch)  # fmt: skip
+    seeds: list[dict[str, Any]] = []
+    predictions: set[float] = set()
+    for predicted, params in ranked:
+        if predicted not in predictions and len(seeds) < count:
+            predictions.add(predicted)
+            seeds.append(params)
+    return seeds
+
+
+NOMINAL_TFLOPS = {True: 100.0, False: 0.05}
+"""Achieved TFLOP/s per rank the seeds assume before anything is measured: a modern GPU, and
+a CPU worker of this project's 2-core CI machine (bert-mini's measured baseline: 0.048)."""
+
+
+def nominal_link(context: SearchContext) -> Link:
+    """The link the seeds assume without a probe: gloo over loopback on CPU workers, NVLink
+    within a GPU node, 100 Gb/s between nodes."""
+    if not context.use_gpu:
+        return LINKS["loopback_gloo"]
+    return LINKS["net_100g" if context.num_nodes > 1 else "nvlink_a100"]
+
+
+def search_seeds(
+    space: SearchSpace, model: ModelSize, seq_len: int, count: int, link: Link | None = None
+) -> list[dict[str, Any]]:
+    """The seeds a live search starts from: :func:`cost_model_seeds` on ``link`` (a probe's,
+    or :func:`nominal_link`) with compute from :data:`NOMINAL_TFLOPS`."""
+    context = space.context
+    per_sample_s = compute_s_per_sample(
+        model.num_params, seq_len, NOMINAL_TFLOPS[context.use_gpu]
+    )
+    return cost_model_seeds(space, model, link or nominal_link(context), per_sample_s, count)

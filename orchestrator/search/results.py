@@ -1,0 +1,227 @@
+"""Outputs of a search, rebuilt from the Optuna study alone.
+
+The study is the source of truth (it survives a killed driver), so every file
+here can be rewritten from it at any time: ``best.yaml``, ``best.env`` and
+``trials.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import shlex
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from orchestrator.config import Config, dump_config
+from orchestrator.runfiles import write_atomic
+from orchestrator.search.study import INTERRUPTED
+from search_spaces import SearchSpace
+from train_fns import metrics as m
+
+MEASURED = (
+    "global samples/s = global_batch / median step time; the step time of a window is the "
+    "slowest rank's median, and the trial's figure is the median over its windows "
+    "(warm-up excluded); cv = stdev/mean over windows"
+)
+_CSV_METRICS = (
+    m.SAMPLES_PER_S,
+    m.TOKENS_PER_S,
+    m.THROUGHPUT_CV,
+    m.STEP_TIME_S,
+    m.DATA_S,
+    m.FWD_BWD_S,
+    m.OPTIM_S,
+    m.EXPOSED_COMM_S,
+    m.COMPUTE_S,
+    m.COMM_FRACTION,
+    "comm_bound_s",
+    m.LOSS,
+)
+
+
+TIMING_PARTS = (
+    "measured_s", "start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s",
+)  # fmt: skip
+"""Where a trial's wall-clock went (``trial_wall_s``): its measured steps, then the overhead:
+its worker group's start (processes, process group; the group's first trial pays it) and
+imports, model build, wrap (the first collective inits NCCL's communicators), warm-up steps,
+the no-sync compute reference, and the rest (driver, queue, freeing memory)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial as the outputs see it."""
+
+    number: int
+    state: str
+    reason: str
+    params: dict[str, Any]
+    attrs: dict[str, Any]
+
+    @property
+    def value(self) -> float | None:
+        return self.attrs.get(m.SAMPLES_PER_S) if self.state == m.COMPLETE else None
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Finished trials in order; a trial still RUNNING in storage was interrupted."""
+    out = []
+    started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    for t in study.get_trials(deepcopy=False, states=started):  # queued, never run: not shown
+        attrs = dict(t.user_attrs)
+        state = attrs.get(m.STATE)
+        if state is None:
+            state = m.CRASH if t.state.is_finished() else INTERRUPTED
+        out.append(
+            TrialRecord(t.number, state, attrs.get(m.REASON, ""), attrs.get("params") or {}, attrs)
+        )
+    return out
+
+
+def baseline_record(recs: list[TrialRecord], defaults: dict[str, Any]) -> TrialRecord | None:
+    """The first completed trial that ran the untouched defaults."""
+    return next((r for r in recs if r.params == defaults and r.value is not None), None)
+
+
+def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
+    done = [r for r in recs if r.value is not None]
+    return max(done, key=lambda r: r.value) if done else None
+
+
+def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
+    names = sorted({k for r in recs for k in r.params})
+    header = [
+        "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
+        "measured_share", *TIMING_PARTS, "reason",
+    ]  # fmt: skip
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(header)
+    for r in recs:
+        peak = r.attrs.get(m.PEAK_MEM_BYTES)
+        writer.writerow(
+            [
+                r.number,
+                r.state,
+                *(r.params.get(n, "") for n in names),
+                *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
+                "" if peak is None else f"{peak / 2**20:.1f}",
+                _fmt(r.attrs.get("trial_wall_s")),
+                _fmt(measured_share(r)),
+                *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
+                r.reason,
+            ]
+        )
+    write_atomic(path, text.getvalue())
+
+
+def timings(rec: TrialRecord) -> dict[str, float]:
+    """Where the trial's wall-clock went (``TIMING_PARTS``); empty for trials without."""
+    return rec.attrs.get("timings") or {}
+
+
+def measured_share(rec: TrialRecord) -> float | None:
+    """Measured steps over the trial's wall-clock (None when it has no timings)."""
+    wall, measured = rec.attrs.get("trial_wall_s"), timings(rec).get("measured_s")
+    if not wall or measured is None:
+        return None
+    return measured / wall
+
+
+def overhead_line(recs: list[TrialRecord], search_wall_s: float | None) -> str | None:
+    """The search summary's "measured share of search time": measured steps of every trial
+    over the wall-clock of the trials (worker group starts, set-up, scheduling included)."""
+    if not search_wall_s:
+        return None
+    measured = sum(timings(r).get("measured_s", 0.0) for r in recs)
+    parts = {k: sum(timings(r).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]}
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    shown = ", ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in top)
+    return (
+        f"measured share of search time: {measured / search_wall_s:.0%} ({measured:.0f}s of "
+        f"measured steps in {search_wall_s:.0f}s of trials; largest overheads: {shown})"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def best_config(config: Config, space: SearchSpace, best: TrialRecord) -> Config:
+    """A complete config that runs the best trial's configuration as is."""
+    knobs = space.knobs(best.params)
+    strategy = knobs.pop("strategy", config.strategy)
+    return dataclasses.replace(
+        config,
+        strategy=strategy,
+        env={**config.env, **space.env_vars(best.params)},
+        tuned={**config.tuned, **knobs},
+    )
+
+
+def write_outputs(
+    recs: list[TrialRecord],
+    config: Config,
+    space: SearchSpace,
+    out: Path,
+    comparisons: list | None = None,
+) -> list[str]:
+    """Write trials.csv, best.yaml and best.env; return the closing summary lines.
+
+    The best config is the best re-measured finalist when it beats the baseline
+    beyond the noise, the baseline itself when none does, and the search's fastest
+    trial when nothing was re-measured.
+    """
+    write_trials_csv(recs, out / "trials.csv")
+    best = best_record(recs)
+    if best is None:
+        return ["no trial completed: see trials.csv for each trial's reason"]
+    base = baseline_record(recs, space.baseline())
+    lines = [summary_line(recs, best, base)]
+    verdict = ""
+    if comparisons:
+        wins = [c for c in comparisons if c.significant and c.ratio > 1]
+        top = wins[0] if wins else comparisons[0]
+        lines.append("re-measured, interleaved with the baseline: " + top.line())
+        verdict = f"# re-measured beside the baseline: {top.line()}\n"
+        if wins:
+            best = next(r for r in recs if r.number == top.number)
+        elif base is not None:
+            best = base
+            lines.append("no configuration beat the baseline beyond the noise: best.yaml keeps it")
+    chosen = best_config(config, space, best)
+    header = (
+        f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
+        f"{verdict}# measured: {MEASURED}\n"
+    )
+    write_atomic(out / "best.yaml", header + dump_config(chosen))
+    env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
+    write_atomic(
+        out / "best.env",
+        "# environment of the best trial (source it before torchrun or another launcher)\n"
+        + "".join(line + "\n" for line in env_lines),
+    )
+    return lines
+
+
+def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str:
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if base is None:
+        return (
+            f"best: trial {best.number} at {best.value:.2f} samples/s "
+            f"(baseline did not complete; {tally})"
+        )
+    return (
+        f"best: trial {best.number} at {best.value:.2f} samples/s = {best.value / base.value:.2f}x "
+        f"baseline (trial {base.number}, {base.value:.2f} samples/s); {tally}"
+    )

@@ -1,0 +1,198 @@
+"""Trials: sampled params -> checked TrialPlan -> a real TorchTrainer run -> outcome.
+
+``run_group`` is the Ray Tune function trainable: one Tune trial is one worker group that
+measures one or more configurations (warm evaluation), each an Optuna trial of its own. It
+never raises for an outcome it understands (infeasible, oom, hang, crash): it reports the
+outcome with its reason, so that the search goes on and Optuna is told the truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config import Config
+from orchestrator.costmodel import comm_bound
+from orchestrator.plans import plan_from_config
+from orchestrator.search.group_run import GroupRun
+from search_spaces import SearchSpace, is_env_name
+from train_fns import metrics as m
+from train_fns.plan import InfeasiblePlan, TrialPlan
+
+TRIAL_NUMBER = "trial_number"
+"""Config key carrying the Optuna trial number (what users see) into the trial."""
+OUTCOME = "outcome"
+"""Result key holding the trial's whole outcome record (state, reason, metrics, timings)."""
+WORK = "work"
+"""Config key of a Tune trial: the queue its configurations (``Member`` dicts) come from."""
+NODES = "nodes"
+"""Config key of a Tune trial: the node ids its workers must stay on (None: anywhere)."""
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial shares; shipped once with ``tune.with_parameters``."""
+
+    config: Config
+    space: SearchSpace
+    use_gpu: bool
+    storage_path: str
+    task: str
+    """mlm or clm, resolved once on the driver (a trial may run where a local model is not)."""
+    faults: dict[int, str] = field(default_factory=dict)
+    link: Any = None
+    """The costmodel Link the probe measured (None: no probe): each trial's bound."""
+
+
+def sampled_params(config: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """The trial's params by their real names (no Optuna-internal or bookkeeping keys)."""
+    names = {*space.param_names, "strategy"}
+    return {k: v for k, v in config.items() if k in names}
+
+
+def derive_plan(
+    ctx: TrialContext, params: dict[str, Any], fault: str | None = None
+) -> tuple[TrialPlan, dict[str, str]]:
+    """Combine the fixed config with the sampled knobs; raise InfeasiblePlan if it cannot run."""
+    cfg = ctx.config
+    knobs = {**cfg.tuned, **ctx.space.knobs(params)}
+    env = {**cfg.env, **ctx.space.env_vars(params)}
+    plan = plan_from_config(
+        cfg,
+        ctx.task,
+        ctx.use_gpu,
+        knobs,
+        cfg.cluster.num_workers,
+        warmup_steps=cfg.search.warmup_steps,
+        measure_steps=cfg.search.measure_steps,
+        num_windows=cfg.search.windows,
+        env_names=tuple(sorted(set(env) | set(filter(is_env_name, ctx.space.param_names)))),
+        fault=fault,
+    )
+    return plan, env
+
+
+@dataclass(frozen=True)
+class Member:
+    """One configuration of a group: its Optuna trial number and sampled params."""
+
+    number: int
+    params: dict[str, Any]
+    prune_below: float | None = None
+
+
+WORK_TIMEOUT_S = 3600.0
+"""How long a group waits for the searcher's next configuration before it ends."""
+
+
+def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
+    """Tune function trainable: one worker group measuring the configurations the searcher
+    puts in ``config[WORK]`` (``Member`` dicts; None ends the group), reporting one result
+    per configuration as each ends; the searcher answers each with the next one.
+
+    Configurations the group did not reach (it crashed or hung on an earlier one) are not
+    reported: the searcher re-queues them.
+    """
+    from ray import tune
+
+    def report(member: Member, outcome: dict[str, Any]) -> None:
+        outcome["params"] = sampled_params(member.params, ctx.space)
+        # Tune insists that the objective is in every result; the rest travels as one record.
+        tune.report(
+            {
+                m.SAMPLES_PER_S: outcome.get(m.SAMPLES_PER_S),
+                TRIAL_NUMBER: member.number,
+                OUTCOME: outcome,
+            }
+        )
+
+    members: list[Member] = []  # the feasible ones, in the group's order
+    try:
+        run = GroupRun(ctx, f"group_{tune.get_context().get_trial_id()}", config.get(NODES))
+        _measure(run, _members(config[WORK], ctx, report, members), members, ctx, report)
+    except Exception as e:  # a driver-side bug must not kill the search; keep its trace
+        victim = members[-1] if members else _unstarted(config[WORK])
+        if victim is None:
+            raise  # nothing was sent to it: Tune records the error and its traceback
+        report(victim, {
+            m.STATE: m.ERROR,
+            m.REASON: f"trial driver failed: {type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(limit=8),
+        })  # fmt: skip
+
+
+def _unstarted(work: Any) -> Member | None:
+    """The configuration the searcher sent to a group that failed before taking it."""
+    from ray.util.queue import Empty
+
+    try:
+        data = work.get(block=False)
+    except Empty:
+        return None
+    return None if data is None else Member(**data)
+
+
+def _members(
+    work: Any, ctx: TrialContext, report: Callable, taken: list[Member]
+) -> Iterator[tuple[TrialPlan, dict[str, str]]]:
+    """(plan, env) of each configuration the searcher sends, appended to ``taken``; infeasible
+    ones are reported at once (and the searcher answers with the next)."""
+    while (data := work.get(timeout=WORK_TIMEOUT_S)) is not None:
+        member = Member(**data)
+        try:
+            plan, env = derive_plan(ctx, member.params, ctx.faults.get(member.number))
+        except InfeasiblePlan as e:
+            report(member, {m.STATE: m.INFEASIBLE, m.REASON: str(e), "trial_wall_s": 0.0})
+            continue
+        except Exception as e:  # a bug deriving this one plan: its own error, with the trace
+            report(member, {
+                m.STATE: m.ERROR,
+                m.REASON: f"could not derive its plan: {type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=8),
+            })  # fmt: skip
+            continue
+        taken.append(member)
+        yield dataclasses.replace(plan, prune_below=member.prune_below), env
+
+
+def _measure(
+    run: Any, source: Iterator, members: list[Member], ctx: TrialContext, report: Callable
+) -> None:
+    def emit(index: int, outcome: dict[str, Any]) -> None:
+        plan = run.plans[index]
+        outcome["env"], outcome["plan"] = run.env, plan.to_dict()
+        if run.nodes:
+            outcome["nodes"] = run.nodes
+        if outcome.get(m.STATE) == m.COMPLETE:
+            outcome.update(comm_bound(plan, outcome.get(m.NUM_PARAMS, 0), ctx.link))
+        report(members[index], outcome)
+
+    run.run(source, emit)
+
+
+def measure_plans(
+    ctx: TrialContext,
+    items: list[tuple[TrialPlan, dict[str, str]]],
+    name: str,
+    on_outcome: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure plans outside the search (re-measurement, scaling), in order: consecutive plans
+    with the same environment share a worker group; one not reached is an ``error``.
+    ``on_outcome(position, outcome)`` is called as each one ends."""
+    outcomes: list[dict[str, Any]] = []
+    for _, run in itertools.groupby(items, key=lambda item: item[1]):
+        run = list(run)
+        first = len(outcomes)
+
+        def emit(index: int, outcome: dict[str, Any], first: int = first) -> None:
+            if on_outcome is not None:
+                on_outcome(first + index, outcome)
+
+        group = GroupRun(ctx, name=f"{name}_{first:02d}")
+        for outcome in group.run(iter(run), emit) + [None] * (len(run) - len(group.plans)):
+            outcomes.append(outcome or {m.STATE: m.ERROR, m.REASON: "not reached: the group ended"})
+    return outcomes

@@ -1,0 +1,270 @@
+"""The search loop: Ray Tune runs worker groups, Optuna chooses configurations and keeps the study.
+
+One group at a time by default: a group owns the cluster, because throughput measured beside
+another run is not throughput (``search.concurrency`` runs groups on disjoint nodes). A group
+is one Tune trial; each configuration it measures is an Optuna trial of its own (ask/tell), so
+the sampler learns from every one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from ray import tune
+from ray.tune.search import Searcher
+from ray.tune.utils.util import unflatten_dict
+
+from orchestrator.search.outcome import prune_threshold
+from orchestrator.search.placement import choose_nodes, trial_resources
+from orchestrator.search.progress import ProgressPrinter
+from orchestrator.search.proposer import Proposer
+from orchestrator.search.study import INTERRUPTED
+from orchestrator.search.trial import (
+    NODES,
+    OUTCOME,
+    TRIAL_NUMBER,
+    WORK,
+    Member,
+    TrialContext,
+    run_group,
+)
+from orchestrator.session import TRIAL_CPU, driver_queue
+from train_fns import metrics as m
+
+OBJECTIVE = m.SAMPLES_PER_S
+"""The trial driver only waits on its workers; a whole CPU for it would starve them."""
+_OPTUNA_STATES = {
+    m.COMPLETE: optuna.trial.TrialState.COMPLETE,
+    m.PRUNED: optuna.trial.TrialState.PRUNED,
+}
+
+
+def json_safe(value: Any) -> Any:
+    """Optuna user attributes must be JSON; NaN/inf and odd types become readable values."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return json.loads(json.dumps(value, default=str))
+
+
+@dataclass
+class Asked:
+    """A configuration asked of Optuna and not yet told."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Group:
+    """A running worker group: its work queue and the configurations sent to it, untold."""
+
+    work: Any
+    env: tuple[tuple[str, str], ...]
+    sent: list[Asked]
+    nodes: list[str] | None = None
+    """The nodes it owns (node-disjoint concurrency); None: the whole cluster."""
+    size: int = 1
+    """Configurations sent to it so far."""
+    told: int = 0
+
+
+class GroupSearch(Searcher):
+    """Ask Optuna for configurations one at a time and feed those with the same environment
+    variables to one worker group (one Tune trial), telling Optuna each one's real state as it
+    ends and only then asking for the next: warm workers, and a sampler that learns from every
+    configuration.
+
+    Outcomes other than ``complete`` reach Optuna as FAIL (or PRUNED), never as a throughput
+    of 0 that would mislead the sampler; the outcome is kept as user attributes so the study
+    alone can rebuild every output. A configuration whose environment differs waits for the
+    next group. When a group crashes or hangs on one configuration, those it did not reach go
+    back to the front of the queue.
+    """
+
+    def __init__(
+        self,
+        ctx: TrialContext,
+        study: optuna.Study,
+        proposer: Proposer,
+        total: int,
+        make_queue: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(metric=OBJECTIVE, mode="max")
+        self.make_queue = make_queue or driver_queue
+        """A group's work queue: a Ray queue on the driver's node (tests pass a plain one)."""
+        self.ctx, self.study, self.proposer = ctx, study, proposer
+        self.total, self.asked = total, 0
+        self.group_size = ctx.config.search.group_size if ctx.config.search.warm else 1
+        self.pending: list[Asked] = []
+        self.running: dict[str, Group] = {}
+        self.deadline: float | None = None
+        """Wall-clock time (``time.time()``) after which no new configuration starts."""
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self._out_of_time():
+            self._interrupt_pending()
+            return Searcher.FINISHED
+        nodes = self._nodes()
+        if nodes == []:  # no free nodes for another group now
+            return None
+        first = self._next(env=None)
+        if first is None:
+            return None if self.running else Searcher.FINISHED
+        group = Group(self.make_queue(), first.env, [], nodes)
+        self.running[trial_id] = group
+        self._send(group, first)
+        return {WORK: group.work, NODES: nodes}
+
+    def _nodes(self) -> list[str] | None:
+        """Nodes no running group uses, enough for one group (concurrency above 1 only)."""
+        if self.ctx.config.search.concurrency == 1:
+            return None
+        import ray
+
+        cluster = self.ctx.config.cluster
+        busy = {n for g in self.running.values() for n in g.nodes or ()}
+        found = choose_nodes(
+            ray.nodes(), busy, cluster.num_workers, cluster.cpus_per_worker, self.ctx.use_gpu
+        )
+        return found or []
+
+    def _next(self, env: tuple | None) -> Asked | None:
+        """The first pending configuration (with environment ``env`` if given), asking Optuna
+        for one more when none is pending."""
+        if not self.pending and self.asked < self.total:
+            self.proposer.refill(self.study)
+            trial = self.study.ask()
+            params = self.ctx.space.suggest(trial)
+            env_vars = {**self.ctx.config.env, **self.ctx.space.env_vars(params)}
+            self.pending.append(Asked(trial, params, tuple(sorted(env_vars.items()))))
+            self.asked += 1
+        match = next((a for a in self.pending if env is None or a.env == env), None)
+        if match is not None:
+            self.pending.remove(match)
+        return match
+
+    def _send(self, group: Group, asked: Asked) -> None:
+        baseline = asked.params == self.ctx.space.baseline()
+        member = Member(asked.trial.number, asked.params, None if baseline else self._threshold())
+        group.sent.append(asked)
+        group.work.put(asdict(member))
+
+    def _completed(self) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+    def _out_of_time(self) -> bool:
+        # The first configuration (the baseline) always runs: without it nothing compares.
+        return self.deadline is not None and time.time() > self.deadline and bool(self._completed())
+
+    def _threshold(self) -> float | None:
+        if not self.ctx.config.search.prune:
+            return None
+        done = self._completed()
+        if not done:
+            return None
+        best = max(done, key=lambda t: t.value)
+        return prune_threshold(best.value, best.user_attrs.get(m.THROUGHPUT_CV))
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        group = self.running.get(trial_id)
+        # Tune hands over the result flattened ("outcome/env/NCCL_ALGO"); empty dicts vanish.
+        full = unflatten_dict(dict(result))
+        asked = next((a for a in group.sent if a.trial.number == full.get(TRIAL_NUMBER)), None)
+        if asked is None:
+            return
+        self._tell(asked, full.get(OUTCOME, {}))
+        group.sent.remove(asked)
+        group.told += 1
+        if group.sent:
+            return
+        nxt = None
+        if group.size < self.group_size and not self._out_of_time():
+            nxt = self._next(env=group.env)
+        if nxt is None:
+            group.work.put(None)  # the group ends; a different environment needs new workers
+        else:
+            group.size += 1
+            self._send(group, nxt)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        group = self.running.pop(trial_id, None)
+        if group is None:
+            return
+        group.work.shutdown()
+        left = group.sent
+        if left and (error or not group.told):
+            # Nothing of it was told: the configuration it was on is the casualty, not the
+            # rest (and a group that can never start cannot loop forever).
+            why = "the group's driver process died (node lost or killed)" if error else (
+                "the worker group ended before measuring it")  # fmt: skip
+            self._tell(left[0], {m.STATE: m.CRASH if error else m.ERROR, m.REASON: why})
+            left = left[1:]
+        if left:
+            shown = ", ".join(str(a.trial.number) for a in left)
+            print(f"re-queued: trial(s) {shown} (their worker group ended early)", flush=True)
+            self.pending[:0] = left
+
+    def _tell(self, asked: Asked, outcome: dict[str, Any]) -> None:
+        outcome.setdefault(m.STATE, m.CRASH)
+        outcome.setdefault("params", asked.params)
+        for key, value in outcome.items():
+            asked.trial.set_user_attr(key, json_safe(value))
+        state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
+        value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
+        self.study.tell(asked.trial, value, state=state)
+
+    def _interrupt_pending(self) -> None:
+        """Configurations asked but never run when the time budget ends: recorded as
+        interrupted and queued again, so ``--resume`` runs them."""
+        if self.pending or self.asked < self.total:
+            print("time budget reached: no new trial starts", flush=True)
+        for asked in self.pending:
+            self._tell(asked, {
+                m.STATE: INTERRUPTED,
+                m.REASON: "the time budget ended the search before it ran; --resume runs it",
+            })  # fmt: skip
+            self.study.enqueue_trial(asked.trial.params, skip_if_exists=False)
+        self.pending = []
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: the Optuna study in its storage is this searcher's memory."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Nothing to restore: ``--resume`` reopens the study."""
+
+
+def build_tuner(
+    ctx: TrialContext, study: optuna.Study, proposer: Proposer, total: int, out_dir: Path,
+    deadline: float | None = None,
+) -> tune.Tuner:  # fmt: skip
+    """A Tuner over ``total`` new configurations, grouped into worker groups."""
+    searcher = GroupSearch(ctx, study, proposer, total)
+    searcher.deadline = deadline
+    resources = trial_resources(TRIAL_CPU, ctx.config.search.concurrency)
+    trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), resources)
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=total,  # at most one group per configuration
+            max_concurrent_trials=ctx.config.search.concurrency,
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(out_dir.resolve()),
+            verbose=0,
+            callbacks=[ProgressPrinter()],
+        ),
+    )

@@ -1,0 +1,115 @@
+"""The Ray session every command shares: start or join Ray, decide GPU use, check capacity.
+
+Also the two small things every worker group needs from the driver's side: the queue its
+workers report to (kept on the driver's node) and the backend name for its process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+from orchestrator.config import ClusterConfig, Config, ConfigError
+
+TRIAL_CPU = 0.01
+"""The CPU sliver a Tune trial holds while it drives a TorchTrainer: a whole CPU would leave
+the trainer's workers waiting forever for resources on a small machine."""
+
+
+def backend_name(use_gpu: bool) -> str:
+    """The process-group backend: NCCL on GPU workers, gloo on CPU workers."""
+    return "nccl" if use_gpu else "gloo"
+
+
+def cpus_needed(cluster: ClusterConfig) -> float:
+    """One trial's CPUs: its workers plus the trial driver's sliver."""
+    return cluster.num_workers * cluster.cpus_per_worker + TRIAL_CPU
+
+
+def start_ray(config: Config, verbose: bool) -> None:
+    """Join ``cluster.address`` or start a local Ray sized for one trial.
+
+    A local Ray gets enough logical CPUs for every worker plus the trial driver's
+    sliver: logical CPUs are bookkeeping, and the driver mostly waits.
+    """
+    import ray
+
+    cluster = config.cluster
+    # The dashboard (on loopback only) serves the State API that Ray Train's placement
+    # group cleaner needs: without it, the resources of a trial ended early (pruned,
+    # hung) are never released and the next trial waits forever.
+    kwargs = dict(
+        log_to_driver=verbose,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        logging_level=logging.INFO if verbose else logging.WARNING,
+    )
+    # A Ray job's driver (``ray job submit``) finds its cluster in RAY_ADDRESS.
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **kwargs)
+        return
+    needed = math.ceil(cpus_needed(cluster))
+    ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+
+
+def resolve_gpu(config: Config) -> bool:
+    """``use_gpu: auto`` means GPUs when the cluster has at least one per worker."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if config.cluster.use_gpu == "auto":
+        return gpus >= config.cluster.num_workers
+    return bool(config.cluster.use_gpu)
+
+
+def check_capacity(config: Config, use_gpu: bool) -> None:
+    """Fail fast when the cluster can never hold one trial, instead of waiting forever."""
+    import ray
+
+    have = ray.cluster_resources()
+    cluster = config.cluster
+    need = {"CPU": cpus_needed(cluster)}
+    if use_gpu:
+        need["GPU"] = cluster.num_workers
+    short = {k: v for k, v in need.items() if have.get(k, 0) < v}
+    if short and not cluster.autoscaling:
+        there = ", ".join(f"{k}={have.get(k, 0):g}" for k in need)
+        raise ConfigError(
+            "cluster.num_workers",
+            f"{cluster.num_workers} workers need {', '.join(f'{k}={v:g}' for k, v in need.items())}"
+            f" but the cluster has {there}; lower cluster.num_workers or cluster.cpus_per_worker"
+            " (or set cluster.autoscaling=true if the cluster grows on demand)",
+        )
+
+
+def alive_nodes() -> int:
+    """Nodes Ray sees alive now (a training run counts them to tell node loss)."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """commtune prints its own lines; Tune's tables and Optuna's INFO lines are noise."""
+    if not verbose:
+        import optuna
+
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the legacy reporter obeys verbose=0
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def driver_queue() -> Any:
+    """A Ray queue whose actor lives on this (the driver's) node, as Ray Train's controller does.
+
+    Left to the scheduler, a 0-CPU actor may land on any node; when that node is lost, the
+    reports and the failure notice that should tell of it are lost with it.
+    """
+    import ray
+    from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})

@@ -1,0 +1,1 @@
+"""``orchestrator.submit``: run commtune on a cluster as a Ray job, follow it, fetch its outputs."""

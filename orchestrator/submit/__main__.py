@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.submit.cli import main
+
+sys.exit(main())

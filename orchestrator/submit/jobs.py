@@ -1,0 +1,218 @@
+"""Ray jobs for commtune: the client, submitting a search or training run, following it.
+
+A job runs with this project as its working directory (uploaded through the Jobs API), so
+the cluster runs the code you have here. Its arguments are validated here before anything
+is submitted, and its outputs go to a folder on the cluster named after the job.
+
+The token of a cluster with ``RAY_AUTH_MODE=token`` is sent with every request: from
+``--token-file``, else ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``
+(Ray's own order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import ConfigError, parse_env_items
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = {"search": "orchestrator.search", "train": "orchestrator.train"}
+"""Job kinds: what a user may run on the cluster through this tool."""
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+DEFAULT_RESULTS_ROOT = "~/commtune-runs"
+UPLOAD_EXCLUDES = ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".ruff_cache/"]
+OUT_KEY, UPLOAD_KEY = "commtune_out", "commtune_upload"
+"""Job metadata keys: the job's output folder on the cluster, and whether the project was
+uploaded (``fetch`` reads both)."""
+PACK_BEGIN, PACK_END = "--- commtune outputs begin ---", "--- commtune outputs end ---"
+PACK_LIMIT_BYTES = 64 * 2**20
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+AGENT_WAIT_S = 60.0
+
+
+class SubmitError(Exception):
+    """A request the cluster refused or that cannot be made; the message says what to do."""
+
+
+def find_token(token_file: str | None) -> str | None:
+    """The auth token this client presents, in Ray's own lookup order (None: no token)."""
+    if token_file:
+        path = Path(token_file).expanduser()
+        if not path.is_file():
+            raise SubmitError(f"--token-file: {path} does not exist")
+        return path.read_text().strip() or None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
+def client(args: argparse.Namespace):
+    """A Jobs API client that sends the token explicitly (whatever this shell's RAY_AUTH_MODE)."""
+    from ray.exceptions import RayError
+    from ray.job_submission import JobSubmissionClient
+
+    token = find_token(args.token_file)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        return JobSubmissionClient(args.address, headers=headers)
+    except (ConnectionError, RuntimeError, ValueError, RayError) as e:
+        raise SubmitError(refusal(args.address, str(e), token is not None)) from e
+
+
+def refusal(address: str, error: str, had_token: bool) -> str:
+    """One actionable line for a cluster that cannot be reached or refused us."""
+    if "401" in error or "Authentication required" in error:
+        return (
+            f"{address} requires a token (RAY_AUTH_MODE=token) and none was found: pass "
+            "--token-file, set RAY_AUTH_TOKEN, or copy the cluster's ~/.ray/auth_token here"
+        )
+    if had_token and ("403" in error or "invalid" in error.lower()):
+        return f"{address} refused the token: it is not this cluster's (check --token-file)"
+    first = error.strip().splitlines()[0] if error.strip() else "no answer"
+    if "Failed to connect" in error or "Connection" in error:
+        return (
+            f"cannot reach the Jobs API at {address} ({first}); is the head up and the "
+            "tunnel open (`ray dashboard cluster.yaml`)?"
+        )
+    return f"{address}: {first}"
+
+
+def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:
+    """The job's argv, validated here as the cluster would, and its output folder there."""
+    import importlib
+
+    job_args = list(args.job_args)
+    module = importlib.import_module(f"{COMMANDS[args.command]}.cli")
+    parsed = module.parse_args(job_args)
+    module.check(parsed)
+    if parsed.config:
+        job_args = relocate(job_args, parsed.config, args)
+    if not parsed.address:  # a job's driver joins the cluster it runs on
+        job_args += ["--address", "auto"]
+    out = parsed.out
+    if not out:
+        out = f"{args.results_root.rstrip('/')}/{job_id}"
+        job_args += ["--out", out]
+    return ["python", "-m", COMMANDS[args.command], *job_args], out
+
+
+def relocate(job_args: list[str], config: str, args: argparse.Namespace) -> list[str]:
+    """Point ``--config`` at the uploaded copy (the job sees only the working directory), or
+    at the absolute path when nothing is uploaded (the cluster must see the same file)."""
+    path, working_dir = Path(config).resolve(), Path(args.working_dir)
+    if args.no_upload:
+        return [str(path) if a == config else a for a in job_args]
+    try:
+        inside = path.relative_to(working_dir.resolve())
+    except ValueError:
+        raise ConfigError(
+            "--config",
+            f"{config} is outside the uploaded folder {working_dir}; copy it there "
+            "(the job sees only that folder) or pass --working-dir",
+        ) from None
+    return [inside.as_posix() if a == config else a for a in job_args]
+
+
+def runtime_env_for(upload: bool, working_dir: str) -> dict:
+    """The job's runtime environment: this project as its working directory, or nothing."""
+    return {"working_dir": working_dir, "excludes": UPLOAD_EXCLUDES} if upload else {}
+
+
+def submit_when_ready(jobs, wait_s: float = AGENT_WAIT_S, **job: Any) -> None:
+    """``submit_job``, waiting while a freshly started head has no job agent yet (Ray answers
+    500 "No available agent to submit job" for a few seconds after ``ray start``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            jobs.submit_job(**job)
+            return
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            print("waiting for the head's job agent to come up ...", file=sys.stderr, flush=True)
+            time.sleep(2)
+
+
+def submit(args: argparse.Namespace) -> int:
+    job_id = f"commtune-{args.command}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    argv, out = job_command(args, job_id)
+    runtime_env = runtime_env_for(not args.no_upload, args.working_dir)
+    env = parse_env_items(args.env, "--env")
+    if env:
+        runtime_env["env_vars"] = env
+    entrypoint = shlex.join(argv)
+    jobs = client(args)
+    try:
+        submit_when_ready(
+            jobs,
+            entrypoint=entrypoint,
+            submission_id=job_id,
+            runtime_env=runtime_env,
+            metadata={OUT_KEY: out, UPLOAD_KEY: "0" if args.no_upload else "1"},
+        )
+    except RuntimeError as e:
+        raise SubmitError(refusal(args.address, str(e), True)) from e
+    print(f"submitted {job_id}: {entrypoint}")
+    print(
+        f"outputs on the cluster: {out}; fetch them with "
+        f"`python -m orchestrator.submit fetch {job_id}`",
+        flush=True,
+    )
+    return follow(jobs, job_id) if args.follow else 0
+
+
+def follow(jobs, job_id: str) -> int:
+    """Stream the logs until the job ends; the exit code tells the job's outcome."""
+
+    async def tail() -> None:
+        async for chunk in jobs.tail_job_logs(job_id):
+            print(chunk, end="", flush=True)
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following; the job goes on (stop it with "
+            f"`python -m orchestrator.submit stop {job_id}`)",
+            file=sys.stderr,
+        )
+        return 130
+    return outcome(jobs, job_id)
+
+
+def settle(jobs, job_id: str, wait_s: float):
+    """The job's info once it ended, or as it stands after ``wait_s`` (the log stream can
+    close a moment before the status is final)."""
+    deadline = time.monotonic() + wait_s
+    info = jobs.get_job_info(job_id)
+    while str(info.status) not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.5)
+        info = jobs.get_job_info(job_id)
+    return info
+
+
+def describe(job_id: str, info) -> str:
+    return f"job {job_id}: {info.status}" + (f" ({info.message})" if info.message else "")
+
+
+def outcome(jobs, job_id: str, wait_s: float = 30.0, quiet: bool = False) -> int:
+    """0 if the job succeeded; else its driver's exit code, or 1."""
+    info = settle(jobs, job_id, wait_s)
+    if not quiet or str(info.status) != "SUCCEEDED":
+        print(describe(job_id, info))
+    if str(info.status) == "SUCCEEDED":
+        return 0
+    return info.driver_exit_code or 1
+
+

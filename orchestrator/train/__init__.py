@@ -1,0 +1,1 @@
+"""``orchestrator.train``: train a tuned configuration elastically, with exact resume."""

@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.train.cli import main
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""``python -m orchestrator.train``: train the configuration a search wrote, elastically.
+
+    python -m orchestrator.train --config runs/<study>/best.yaml [--steps N] [--workers MIN:MAX]
+        [--checkpoint-every K] [--out DIR] [--resume] [--adaptive]
+
+Workers may come and go: a failed worker group restarts from the latest checkpoint (within
+``--max-failures``), a lost node shrinks the group to what is left (with ``--workers MIN:MAX``)
+and a new node grows it again; each start re-splits the global batch exactly. Exit codes: 0 all
+steps done, 2 usage or configuration error (before Ray starts), 1 the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.train.run import RUN_NAME, run
+from train_fns.elastic import STATE_FILE
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--config", help="a complete config, e.g. runs/<study>/best.yaml")
+    p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key, e.g. --set train.max_failures=5")  # fmt: skip
+    p.add_argument("--steps", type=int, help="optimizer steps in all (train.steps)")
+    p.add_argument("--workers", metavar="MIN:MAX", help="elastic worker range, e.g. 1:4")
+    p.add_argument("--checkpoint-every", type=int, metavar="K", help="train.checkpoint_every")
+    p.add_argument("--max-failures", type=int, help="train.max_failures")
+    p.add_argument("--adaptive", action="store_true", help="adapt the accumulation split")
+    p.add_argument("--out", help="run folder (default runs/<name>-train)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
+    p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
+    return p.parse_args(argv)
+
+
+def workers_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
+        raise ConfigError("--workers", f"{text!r} is not MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4")
+    return int(low), int(high)
+
+
+def check(args: argparse.Namespace) -> Config:
+    """The config the arguments describe, validated without touching the run folder
+    (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
+    sets = list(args.set)
+    for key, value in (("train.steps", args.steps), ("train.checkpoint_every",
+                       args.checkpoint_every), ("train.max_failures", args.max_failures),
+                       ("cluster.address", args.address)):  # fmt: skip
+        if value is not None:
+            sets.append(f"{key}={value}")
+    if args.adaptive:
+        sets.append("train.adaptive=true")
+    if args.workers:
+        low, high = workers_range(args.workers)
+        sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
+    return load_config(args.config, args.preset, sets)
+
+
+def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
+    """Everything that can fail on user input, checked before Ray starts."""
+    config = check(args)
+    out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
+    latest = latest_checkpoint(out)
+    if latest is not None and not args.resume:
+        raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "
+                          "--resume to continue it or choose another --out")  # fmt: skip
+    return config, out
+
+
+def latest_checkpoint(out: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest complete checkpoint under ``out`` (None: there is none)."""
+    found = [
+        (json.loads(p.read_text())["step"], p.parent)
+        for p in (out / RUN_NAME).glob(f"*/{STATE_FILE}")
+    ]
+    return max(found, default=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config, out = prepare(args)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        summary, log = run(config, out, args.verbose)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"commtune: interrupted; continue with --resume --out {out}", file=sys.stderr)
+        return 1
+    print_summary(summary, out)
+    return 0 if summary["steps"] == config.train.steps and not summary["error"] else 1
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    comm, data = summary["comm_fraction"], summary["data_fraction"]
+    print(
+        f"done: {summary['steps']}/{summary['steps_wanted']} steps, final loss "
+        f"{summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s (median), "
+        f"exposed comm {comm if comm is None else f'{comm:.0%}'} of fwd+bwd, data wait "
+        f"{data if data is None else f'{data:.0%}'} of the step, "
+        f"{len(summary['restarts'])} restart(s), {summary['wall_s']:.0f}s"
+        if summary["final_loss"] is not None
+        else f"no step finished ({summary['wall_s']:.0f}s)"
+    )
+    print(f"non-finite steps: {summary['nonfinite_steps']} ({summary['nonfinite_rate']:.2%}); "
+          f"loss scale {summary['loss_scale']}")  # fmt: skip
+    for warning in summary["warnings"]:
+        print(f"warning: {warning}")
+    if summary["error"]:
+        print(f"commtune: the run failed: {summary['error']}", file=sys.stderr)
+    print(f"run folder: {out} (summary.json, progress.csv, grad_norms.csv, events.jsonl)")
+
+

@@ -1,0 +1,118 @@
+"""A training run on Ray: the tuned plan, the elastic worker group, its log and summary.
+
+Workers may come and go: a failed worker group restarts from the latest checkpoint (within
+``train.max_failures``), a lost node shrinks the group to what is left (with a worker range)
+and a new node grows it again; each start re-splits the global batch exactly
+(``train_fns.elastic``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import Config
+from orchestrator.plans import plan_from_config, resolve_task
+from orchestrator.session import (
+    alive_nodes,
+    check_capacity,
+    driver_queue,
+    quiet_libraries,
+    resolve_gpu,
+    start_ray,
+)
+from orchestrator.train.runlog import RunLog, RunRelay
+from orchestrator.workers import Fit, GroupSpec, torch_trainer
+from train_fns.elastic import RunSpec
+
+RUN_NAME = "train"
+"""Ray Train run name inside ``--out``: a second start with the same name resumes it."""
+
+
+def worker_counts(config: Config) -> tuple[int, int]:
+    train = config.train
+    if train.min_workers is None:
+        return config.cluster.num_workers, config.cluster.num_workers
+    return train.min_workers, train.max_workers
+
+
+def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSpec, dict[str, str]]:
+    """The tuned plan for the largest world size, and what every worker is told."""
+    train = config.train
+    _, high = worker_counts(config)
+    plan = plan_from_config(
+        config, task, use_gpu, dict(config.tuned), config.cluster.num_workers,
+        warmup_steps=0, measure_steps=train.steps, num_windows=1,
+        max_grad_norm=train.max_grad_norm, env_names=tuple(sorted(config.env)),
+    )  # fmt: skip
+    adaptive = None
+    if train.adaptive:
+        adaptive = {"window": train.adaptive_window, "max_steps": train.max_accumulation,
+                    "allow_global_batch_change": train.allow_global_batch_change}  # fmt: skip
+    spec = RunSpec(
+        plan=plan.to_dict(), steps=train.steps, checkpoint_every=train.checkpoint_every,
+        max_micro_batch=plan.micro_batch, on_no_split=train.on_no_split, adaptive=adaptive,
+        grad_norm_every=train.grad_norm_every, report_every=train.log_every,
+        progress_file=str(progress_file(out)),
+    )  # fmt: skip
+    return spec, dict(config.env)
+
+
+def progress_file(out: Path) -> Path:
+    return (out / "last_step").resolve()
+
+
+def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool, out: Path,
+               relay: RunRelay) -> GroupSpec:  # fmt: skip
+    """The elastic worker group: (min, max) workers, restarts from the latest checkpoint."""
+    from ray.train import CheckpointConfig
+
+    from train_fns.worker import train_loop_elastic
+
+    low, high = worker_counts(config)
+    return GroupSpec(
+        loop=train_loop_elastic,
+        loop_config=spec.to_dict(),
+        name=RUN_NAME,
+        storage_path=str(out.resolve()),
+        num_workers=(low, high) if low != high else high,
+        use_gpu=use_gpu,
+        cpus_per_worker=config.cluster.cpus_per_worker,
+        env=env,
+        timeout_s=int(config.search.step_deadline_s) + 30,
+        max_failures=config.train.max_failures,
+        scaling={"elastic_resize_monitor_interval_s": config.train.resize_check_s},
+        run={"checkpoint_config": CheckpointConfig(num_to_keep=2), "callbacks": [relay]},
+    )
+
+
+def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
+    """Start or join Ray, train to the end (or failure), return the summary."""
+    import ray
+
+    low, high = worker_counts(config)
+    quiet_libraries(verbose)
+    start_ray(dataclasses.replace(config, cluster=dataclasses.replace(
+        config.cluster, num_workers=high)), verbose)  # fmt: skip
+    try:
+        use_gpu = resolve_gpu(config)
+        check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
+            config.cluster, num_workers=low)), use_gpu)  # fmt: skip
+        spec, env = run_spec(config, resolve_task(config), use_gpu, out)
+        reports = driver_queue()
+        log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),
+                     alive_nodes=alive_nodes)  # fmt: skip
+        # Read by Ray Train on the driver and passed on to its controller.
+        os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(config.train.start_timeout_s)
+        started = time.monotonic()
+        fit = Fit(torch_trainer(group_spec(config, spec, env, use_gpu, out, RunRelay(reports))))
+        fit.drain(reports, log.take)
+        error = None if fit.error is None else f"{type(fit.error).__name__}: {fit.error}"[-2000:]
+        summary = log.summary(time.monotonic() - started, error)
+        log.close()
+        return summary, log
+    finally:
+        ray.shutdown()

@@ -1,0 +1,242 @@
+"""What a training run's driver sees and keeps: progress lines, restarts with reasons, summary.
+
+Reports arrive from the Train controller (``RunRelay``) through a Ray queue: rank 0's metrics
+of every step, and the exceptions that ended a worker group. ``RunLog`` turns them into the
+lines a user reads, ``progress.csv``, ``grad_norms.csv``, ``events.jsonl`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray.train.v2.api.callback import UserCallback
+
+from train_fns import metrics as m
+from train_fns.commsplit import comm_fraction
+
+PROGRESS_COLUMNS = (
+    "attempt", m.STEP, m.WALL_TIME, m.LOSS, m.SAMPLES_PER_S, m.STEP_TIME_S, m.WORLD_SIZE,
+    m.ACCUMULATION_STEPS, m.MICRO_BATCH, m.GLOBAL_BATCH, m.SAMPLES_SEEN, m.DATA_S, m.OPTIM_S,
+    m.EXPOSED_COMM_S, m.COMPUTE_S, m.GRAD_NORM, m.LOSS_SCALE, m.LR, m.CHECKPOINT_STEP,
+)  # fmt: skip
+
+
+class RunRelay(UserCallback):
+    """On the Train controller: ship rank 0's report and any worker exception to the driver."""
+
+    def __init__(self, queue: Any) -> None:
+        self._queue = queue
+
+    def after_report(self, run_context: Any, metrics: list[dict], checkpoint: Any) -> None:
+        self._queue.put({"report": metrics[0], "checkpoint": getattr(checkpoint, "path", None)})
+
+    def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+        texts = {rank: f"{type(e).__name__}: {e}"[:500] for rank, e in worker_exceptions.items()}
+        self._queue.put({"failure": texts, "time": time.time()})
+
+
+def failure_reason(texts: dict[int, str], nodes_lost: int = 0) -> str:
+    """Node lost or worker died: fewer alive nodes than before, or what Ray said."""
+    joined = " ".join(texts.values()).lower()
+    if nodes_lost > 0 or ("node" in joined and ("died" in joined or "lost" in joined)):
+        return "node lost"
+    return "worker died"
+
+
+@dataclass
+class Restart:
+    reason: str
+    failed_at: float | None
+    last_step: int
+    resumed_from: int
+    world_before: int
+    world_after: int
+    first_step_at: float | None = None
+
+    def line(self) -> str:
+        redo = max(0, self.last_step - self.resumed_from)
+        wait = (
+            f", first step {self.first_step_at - self.failed_at:.1f}s after the failure"
+            if self.failed_at and self.first_step_at
+            else ""
+        )
+        return (
+            f"restart: {self.reason}; {self.world_before} -> {self.world_after} workers, resumed "
+            f"from the checkpoint at step {self.resumed_from} ({redo} step(s) re-done){wait}"
+        )
+
+
+@dataclass
+class RunLog:
+    out: Path
+    steps: int
+    log_every: int
+    progress_file: Path | None = None
+    alive_nodes: Callable[[], int] | None = None
+    """Counts the cluster's alive nodes: a failure with fewer of them is a lost node."""
+    nodes: int = 0
+    attempt: int = 0
+    world: int = 0
+    last_step: int = 0
+    pending_failure: dict[str, Any] | None = None
+    restarts: list[Restart] = field(default_factory=list)
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._progress = self._csv("progress.csv", PROGRESS_COLUMNS)
+        self._norms = self._csv("grad_norms.csv", ("step", "layer", "norm"))
+        self._events = (self.out / "events.jsonl").open("a")
+
+    def _csv(self, name: str, columns: tuple) -> Any:
+        path = self.out / name
+        new = not path.exists()
+        handle = path.open("a", newline="")
+        writer = csv.writer(handle)
+        if new:
+            writer.writerow(columns)
+        return handle, writer
+
+    def take(self, item: dict[str, Any]) -> None:
+        if "failure" in item:
+            self._on_failure(item)
+            return
+        for row in item["report"].get(m.ROWS, []):
+            for event in row.get(m.EVENTS, []):
+                self._on_event(event, row)
+            if m.STEP in row:
+                self._on_step(row)
+
+    def _on_failure(self, item: dict[str, Any]) -> None:
+        """Remember the failure for the restart that follows; the last finished step comes from
+        rank 0's progress file (reports arrive in batches)."""
+        if self.progress_file is not None and self.progress_file.exists():
+            self.last_step = max(self.last_step, int(self.progress_file.read_text() or 0))
+        nodes = self.alive_nodes() if self.alive_nodes else self.nodes
+        item["reason"] = failure_reason(item["failure"], self.nodes - nodes)
+        self.nodes = nodes
+        self.pending_failure = item
+        self._event({"kind": "failure", "step": self.last_step, **item})
+        text = next(iter(item["failure"].values()), "")[:200]
+        print(f"failure after step {self.last_step}: {item['reason']}: {text}", flush=True)
+
+    def _on_event(self, event: dict[str, Any], report: dict[str, Any]) -> None:
+        self._event(event)
+        kind = event["kind"]
+        if kind == "start":
+            self._on_start(event, report)
+        elif kind == "resplit":
+            print(f"step {event['step']}: comm/compute {event['ratio']:.2f} -> accumulation "
+                  f"{event['from'][0]} -> {event['to'][0]}, micro-batch {event['to'][1]}, "
+                  f"global batch {event['to'][2]}, lr {event['lr']:.3g}", flush=True)  # fmt: skip
+        elif kind == "no_split":
+            print(f"waiting: {event['message']}", flush=True)
+
+    def _on_start(self, event: dict[str, Any], report: dict[str, Any]) -> None:
+        self.attempt += 1
+        if self.alive_nodes is not None:
+            self.nodes = self.alive_nodes()
+        world, resumed = event["world_size"], event.get("resumed_from_step")
+        if self.attempt == 1:
+            where = f"resuming from step {resumed}" if resumed else "from step 0"
+            print(f"training on {world} worker(s), {where}: accumulation "
+                  f"{event['accumulation_steps']} x micro-batch {event['micro_batch']} x "
+                  f"{world} = global batch {event['global_batch']}", flush=True)  # fmt: skip
+        else:
+            self._restart(event, world, resumed or 0)
+        self.world = world
+
+    def _restart(self, event: dict[str, Any], world: int, resumed: int) -> None:
+        failure = self.pending_failure
+        if failure is not None:
+            reason = failure["reason"]
+        else:
+            reason = "node added: scaled up" if world > self.world else "resized"
+        restart = Restart(reason, failure and failure["time"], self.last_step, resumed,
+                          self.world, world)  # fmt: skip
+        self.restarts.append(restart)
+        self.pending_failure = None
+        split = f"accumulation {event['accumulation_steps']} x micro-batch {event['micro_batch']}"
+        print(f"{restart.line()}; {split} (global batch {event['global_batch']})", flush=True)
+
+    def _on_step(self, report: dict[str, Any]) -> None:
+        step = report[m.STEP]
+        if self.restarts and self.restarts[-1].first_step_at is None:
+            self.restarts[-1].first_step_at = report[m.WALL_TIME]
+        self.last_step = step
+        self.rows[step] = report
+        handle, writer = self._progress
+        writer.writerow([self.attempt, *(report.get(c) for c in PROGRESS_COLUMNS[1:])])
+        handle.flush()
+        for layer, norm in (report.get(m.LAYER_GRAD_NORMS) or {}).items():
+            self._norms[1].writerow([step, layer, norm])
+        if step % self.log_every == 0 or step == self.steps or report.get(m.CHECKPOINT_STEP):
+            saved = " [checkpoint]" if report.get(m.CHECKPOINT_STEP) else ""
+            print(f"step {step:>6}/{self.steps}  loss {report[m.LOSS]:.4f}  "
+                  f"{report[m.SAMPLES_PER_S]:8.1f} samples/s  world {report[m.WORLD_SIZE]}{saved}",
+                  flush=True)  # fmt: skip
+
+    def _event(self, event: dict[str, Any]) -> None:
+        self._events.write(json.dumps(event, default=str) + "\n")
+        self._events.flush()
+
+    def summary(self, wall_s: float, error: str | None) -> dict[str, Any]:
+        """The run's summary (also written to summary.json)."""
+        rows = [self.rows[s] for s in sorted(self.rows)]
+        nonfinite = sum(1 for r in rows if not _finite(r.get(m.GRAD_NORM)))
+        rate = nonfinite / len(rows) if rows else 0.0
+        if rate > m.NONFINITE_RATE_MAX:
+            self.warnings.append(
+                f"{nonfinite} of {len(rows)} steps ({rate:.2%}) had non-finite gradients and were"
+                " skipped (above 0.1%): check precision (bf16 rather than fp16), the learning "
+                "rate and clipping"
+            )
+        summary = {
+            "steps": self.last_step,
+            "steps_wanted": self.steps,
+            "final_loss": rows[-1][m.LOSS] if rows else None,
+            "wall_s": wall_s,
+            "samples_per_s": _median([r[m.SAMPLES_PER_S] for r in rows]),
+            "comm_fraction": _fraction(rows, m.EXPOSED_COMM_S),
+            "data_fraction": _share(rows, m.DATA_S),
+            "nonfinite_steps": nonfinite,
+            "nonfinite_rate": rate,
+            "loss_scale": rows[-1].get(m.LOSS_SCALE) if rows else None,
+            "world_sizes": sorted({r[m.WORLD_SIZE] for r in rows}),
+            "restarts": [vars(r) | {"line": r.line()} for r in self.restarts],
+            "warnings": self.warnings,
+            "error": error,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        return summary
+
+    def close(self) -> None:
+        for handle in (self._progress[0], self._norms[0], self._events):
+            handle.close()
+
+
+def _finite(value: Any) -> bool:
+    return value is None or math.isfinite(value)
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def _fraction(rows: list[dict[str, Any]], key: str) -> float | None:
+    comm = sum(r.get(key) or 0.0 for r in rows)
+    return comm_fraction(comm, sum(r.get(m.COMPUTE_S) or 0.0 for r in rows))
+
+
+def _share(rows: list[dict[str, Any]], key: str) -> float | None:
+    total = sum(r[m.STEP_TIME_S] for r in rows)
+    return sum(r.get(key) or 0.0 for r in rows) / total if total else None

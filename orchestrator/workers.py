@@ -1,0 +1,106 @@
+"""One way to run a Ray Train worker group from the driver: build the TorchTrainer, run
+``fit()`` in a thread, and drain the queue its workers report to.
+
+Search groups, the probe and training runs all go through here. ``fit()`` blocks until the
+group ends, while the workers' messages must be read as they come (to dispatch the next
+configuration, print a probe row, log a training step), so ``fit()`` runs in a daemon thread
+and the calling thread drains the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue as std_queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.session import backend_name
+
+POLL_S = 0.5
+"""How long one wait on the queue lasts before ``stop`` is asked again."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a worker group is: its entry point, size, devices, environment and run folder."""
+
+    loop: Callable[[dict[str, Any]], None]
+    loop_config: dict[str, Any]
+    name: str
+    storage_path: str | None
+    num_workers: int | tuple[int, int]
+    """A fixed size, or (min, max) for an elastic training run."""
+    use_gpu: bool
+    cpus_per_worker: float
+    env: dict[str, str]
+    """Worker environment variables: NCCL reads most of them once per process, so only fresh
+    worker processes started with them see them (never set after start)."""
+    timeout_s: int
+    """The process group's collective timeout."""
+    max_failures: int = 0
+    scaling: dict[str, Any] = field(default_factory=dict)
+    """Extra ScalingConfig arguments (a label selector, the elastic resize interval)."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """Extra RunConfig arguments (checkpoints, callbacks)."""
+
+
+def torch_trainer(spec: GroupSpec) -> Any:
+    """The TorchTrainer of ``spec``."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        spec.loop,
+        train_loop_config=spec.loop_config,
+        torch_config=TorchConfig(backend=backend_name(spec.use_gpu), timeout_s=spec.timeout_s),
+        scaling_config=ScalingConfig(
+            num_workers=spec.num_workers,
+            use_gpu=spec.use_gpu,
+            resources_per_worker={"CPU": spec.cpus_per_worker}
+            | ({"GPU": 1} if spec.use_gpu else {}),
+            **spec.scaling,
+        ),
+        run_config=RunConfig(
+            name=spec.name,
+            storage_path=spec.storage_path,
+            worker_runtime_env={"env_vars": dict(spec.env)},
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            **spec.run,
+        ),
+    )
+
+
+class Fit:
+    """``trainer.fit()`` running in a daemon thread; ``error`` holds what it raised."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._fit, args=(trainer,), daemon=True).start()
+
+    def _fit(self, trainer: Any) -> None:
+        try:
+            trainer.fit()
+        except BaseException as e:  # handed to the caller through ``error``, never lost
+            self.error = e
+        finally:
+            self.done.set()
+
+    def drain(
+        self,
+        reports: Any,
+        on_item: Callable[[Any], None],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Hand every report to ``on_item`` until the group ended and its queue is empty
+        (True), or until ``stop()`` says to stop waiting while it still runs (False)."""
+        from ray.util.queue import Empty
+
+        while not self.done.is_set() or not reports.empty():
+            with contextlib.suppress(Empty, std_queue.Empty):
+                on_item(reports.get(timeout=POLL_S))
+            if not self.done.is_set() and stop():
+                return False
+        return True
