@@ -5,7 +5,8 @@ Candidates are drawn from the config's search spaces (as the search would sample
 GPU/NCCL context of ``--nodes`` nodes), the model's size is counted on the meta device
 (no memory, no weights), compute per sample comes from ``costmodel.compute_s_per_sample``
 (6 x params x seq_len FLOPs) at the given TFLOP/s, and ``costmodel.rank_candidates`` predicts
-each one's samples/s on a nominal link. It explains DDP vs FSDP traffic in bytes; it does not replace a measurement.
+each one's samples/s on a nominal link. It explains DDP vs FSDP traffic in bytes; it does not
+replace a measurement.
 """
 
 from __future__ import annotations
