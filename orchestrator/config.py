@@ -46,8 +46,41 @@ class WorkloadConfig:
     precision: str = "fp32"
     lr: float = 1e-4
     model_overrides: dict[str, Any] = field(default_factory=dict)
+    entrypoint: str | None = None
+    """Your own workload: ``path/to/file.py:make_workload`` or ``package.module:make_workload``
+    (see ``train_fns.workload``); ``model``, ``task``, ``data`` and ``tokenizer`` then do not
+    apply. Checked on the driver (``plans.check_workload``) before Ray starts."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Passed to your ``make_workload`` as ``ctx.options``."""
 
     def __post_init__(self) -> None:
+        if self.entrypoint is not None:
+            self._check_entrypoint()
+        else:
+            self._check_model()
+        _check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
+        _check_positive("workload.seq_len", self.seq_len)
+        _check_positive("workload.global_batch", self.global_batch)
+        _check_positive("workload.lr", self.lr)
+
+    def _check_entrypoint(self) -> None:
+        module, sep, name = str(self.entrypoint).rpartition(":")
+        if not isinstance(self.entrypoint, str) or not sep or not module or not name.isidentifier():
+            raise ConfigError(
+                "workload.entrypoint",
+                f"{self.entrypoint!r} is not MODULE:FUNCTION; e.g. my_workload.py:make_workload "
+                "or my_package.my_module:make_workload",
+            )
+        if not isinstance(self.options, dict):
+            raise ConfigError("workload.options", f"{self.options!r} is not a mapping")
+        if self.task is not None or self.data != "synthetic" or self.tokenizer is not None:
+            raise ConfigError(
+                "workload.entrypoint",
+                "task, data and tokenizer belong to the built-in models; your make_workload "
+                "gives its own batches (drop them, or pass what you need in workload.options)",
+            )
+
+    def _check_model(self) -> None:
         from train_fns.models import is_known_model
 
         if not is_known_model(self.model):
@@ -58,10 +91,6 @@ class WorkloadConfig:
                 "with config.json",
             )
         _check_choice("workload.task", self.task, ("mlm", "clm", None))
-        _check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
-        _check_positive("workload.seq_len", self.seq_len)
-        _check_positive("workload.global_batch", self.global_batch)
-        _check_positive("workload.lr", self.lr)
         if self.data != "synthetic" and not Path(self.data).is_file():
             raise ConfigError(
                 "workload.data",

@@ -16,14 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from train_fns.metrics import OPS
+from train_fns.metrics import FLOPS_PER_PARAM_TOKEN, OPS
 from train_fns.plan import STRATEGIES
 
 ALGORITHMS = ("ring", "tree")
 GRAD_BYTES_PER_PARAM = 4
 """Gradients are fp32 (autocast keeps fp32 parameters): what DDP all-reduces per parameter."""
-FLOPS_PER_PARAM_TOKEN = 6
-"""Training FLOPs per parameter and token (2 forward + 4 backward), dense transformers."""
+
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """torch DDP's ``bucket_cap_mb=25``; torch multiplies by 1024 * 1024, so these are MiB."""

@@ -7,30 +7,115 @@ here, once, and an impossible split is an ``InfeasiblePlan``.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config
-from train_fns.models import default_task, resolve_model_config
+from orchestrator.config import Config, ConfigError
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan, split_global_batch
 
+ENTRYPOINT_KEY = "workload.entrypoint"
 
-def resolve_task(config: Config) -> str:
-    """The task from the config, or inferred from the model (causal LMs train with clm)."""
+
+def resolve_task(config: Config) -> str | None:
+    """The task from the config, or inferred from the model (causal LMs train with clm);
+    None for a user workload, which gives its own loss."""
+    if config.workload.entrypoint is not None:
+        return None
     if config.workload.task:
         return config.workload.task
+    from train_fns.models import default_task, resolve_model_config
+
     hf = resolve_model_config(config.workload.model, config.workload.model_overrides)
     return default_task(hf)
 
 
+@dataclass(frozen=True)
+class WorkloadShape:
+    """What the driver learnt building a user workload once: for the cost model's seeds."""
+
+    num_params: int
+    num_blocks: int
+
+
+def check_workload(config: Config) -> WorkloadShape | None:
+    """Import a user workload's entrypoint and build it once on CPU (rank 0), before Ray
+    starts: a missing file or function, an import error, a raising ``make_workload`` or a
+    return value without ``model``/``batch``/``loss`` is a ConfigError naming the key.
+    ``batch`` and ``loss`` are not called here: a failure inside them ends its trial."""
+    if config.workload.entrypoint is None:
+        return None
+    import torch
+
+    from train_fns.workload import (
+        WorkloadContext,
+        WorkloadError,
+        as_workload,
+        default_blocks,
+        load_entrypoint,
+    )
+
+    fields = workload_fields(config)
+    ctx = WorkloadContext(
+        seed=config.search.seed, rank=0, world_size=config.cluster.num_workers,
+        device=torch.device("cpu"), seq_len=config.workload.seq_len,
+        options=dict(config.workload.options), precision=config.workload.precision,
+    )  # fmt: skip
+    torch.manual_seed(config.search.seed)
+    try:
+        make = load_entrypoint(fields["entrypoint"], fields["workload_source"])
+        workload = as_workload(make(ctx))
+    except WorkloadError as e:
+        raise ConfigError(ENTRYPOINT_KEY, f"{config.workload.entrypoint}: {e}") from e
+    except Exception as e:  # the user's make_workload raised: say what, keep the trace chained
+        raise ConfigError(
+            ENTRYPOINT_KEY,
+            f"{config.workload.entrypoint}: make_workload raised {type(e).__name__}: {e}",
+        ) from e
+    try:
+        blocks = workload.blocks if workload.blocks is not None else default_blocks(workload.model)
+    except WorkloadError:
+        blocks = []  # fine for DDP; FSDP and checkpointing say so in the trial that needs them
+    num_params = sum(p.numel() for p in workload.model.parameters())
+    return WorkloadShape(num_params, len(blocks))
+
+
+def workload_fields(config: Config) -> dict[str, Any]:
+    """The plan's workload fields: a file entrypoint made absolute, with its text (shipped to
+    every worker, so nodes that never saw the file run what the driver checked)."""
+    workload = config.workload
+    if workload.entrypoint is None:
+        return {"entrypoint": None, "options": {}, "workload_source": None}
+    module, _, name = workload.entrypoint.rpartition(":")
+    if not module.endswith(".py"):
+        return {"entrypoint": workload.entrypoint, "options": dict(workload.options),
+                "workload_source": None}  # fmt: skip
+    path = Path(module).expanduser().resolve()
+    return {
+        "entrypoint": f"{path}:{name}",
+        "options": dict(workload.options),
+        "workload_source": _read_once(path),
+    }
+
+
+@functools.cache
+def _read_once(path: Path) -> str:
+    """A workload file's text, read once per process: every plan of a search runs the same."""
+    if not path.is_file():
+        raise ConfigError(ENTRYPOINT_KEY, f"{str(path)!r} is not a file")
+    return path.read_text()
+
+
 def plan_from_config(
-    cfg: Config, task: str, use_gpu: bool, knobs: dict[str, Any], world: int, **extra: Any
+    cfg: Config, task: str | None, use_gpu: bool, knobs: dict[str, Any], world: int, **extra: Any
 ) -> TrialPlan:
     """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
     ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
     accumulation = int(knobs.get("accumulation_steps", 1))
     ddp_defaults = DDPOptions()
     return TrialPlan(
-        model=cfg.workload.model,
+        model=cfg.workload.entrypoint or cfg.workload.model,
         task=task,
         seq_len=cfg.workload.seq_len,
         global_batch=cfg.workload.global_batch,
@@ -57,5 +142,6 @@ def plan_from_config(
         lr=cfg.workload.lr,
         seed=cfg.search.seed,
         step_deadline_s=cfg.search.step_deadline_s,
+        **workload_fields(cfg),
         **extra,
     )

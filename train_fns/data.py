@@ -94,18 +94,21 @@ class BatchSource:
         tokens[positions] = self.mask_token_id
         return tokens, labels
 
+    def collate(self, indices: list[int] | range) -> dict[str, Tensor]:
+        """The samples with these global indices, stacked (on CPU)."""
+        pairs = [self.sample(i) for i in indices]
+        return {
+            "input_ids": torch.stack([p[0] for p in pairs]),
+            "labels": torch.stack([p[1] for p in pairs]),
+        }
+
     def batch(
         self, rank: int, step: int, micro_step: int, device: torch.device
     ) -> dict[str, Tensor]:
         """The micro-batch of ``rank`` at ``(step, micro_step)``, on ``device``."""
-        pairs = [self.sample(i) for i in sample_indices(self.plan, rank, step, micro_step)]
-        input_ids = torch.stack([p[0] for p in pairs])
-        labels = torch.stack([p[1] for p in pairs])
+        batch = self.collate(sample_indices(self.plan, rank, step, micro_step))
         non_blocking = device.type == "cuda"
-        return {
-            "input_ids": input_ids.to(device, non_blocking=non_blocking),
-            "labels": labels.to(device, non_blocking=non_blocking),
-        }
+        return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
 
 def read_documents(path: Path) -> list[str]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,14 +20,15 @@ from torch import Tensor, nn
 
 from train_fns import metrics as m
 from train_fns.commsplit import nosync_from_accumulation
-from train_fns.data import BatchSource, make_batch_source
+from train_fns.data import sample_indices
+from train_fns.hf_workload import hf_workload
 from train_fns.metrics import HANG_EXIT_CODE
-from train_fns.models import build_model
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.strategies import sync_gradients, wrap_model
 from train_fns.timing import StepTimer, gpu_utilization, peak_memory_bytes
 from train_fns.watchdog import Watchdog
+from train_fns.workload import Workload, WorkloadContext, as_workload, load_entrypoint, to_device
 
 __all__ = ["HANG_EXIT_CODE", "StepRunner", "build_runner", "run_training", "window_ends"]
 
@@ -64,7 +66,7 @@ class StepRunner:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     precision: Precision
-    source: BatchSource
+    workload: Workload
     timer: StepTimer
     fault: str | None
     before_optimizer: Callable[[StepRunner], None] | None = None
@@ -96,7 +98,7 @@ class StepRunner:
         step_loss = torch.zeros((), device=self.device)
         for micro_step in range(plan.accumulation_steps):
             with self.timer.phase("data"):
-                batch = self.source.batch(self.rank, step, micro_step, self.device)
+                batch = self.batch(step, micro_step)
             last = micro_step == plan.accumulation_steps - 1
             with (
                 self.timer.phase("fwd_bwd"),
@@ -109,22 +111,32 @@ class StepRunner:
                             "commtune injected fault: out of memory in forward "
                             f"(micro_batch={plan.micro_batch})"
                         )
-                    # Mean of micro-batch means == big-batch mean (equal labelled tokens).
-                    loss = self.model(**batch).loss / plan.accumulation_steps
+                    # Mean of micro-batch means == big-batch mean (equal-size micro-batches).
+                    loss = self.loss(batch) / plan.accumulation_steps
                 if inject == "hang":
                     _block_forever()  # peers then wait in the gradient all-reduce
                 self.precision.backward(loss)
             step_loss += loss.detach()
         return step_loss
 
+    def batch(self, step: int, micro_step: int) -> Any:
+        """This rank's micro-batch at ``(step, micro_step)``, on its device: the workload's
+        samples at the global indices the plan assigns (the same whatever the split)."""
+        indices = list(sample_indices(self.plan, self.rank, step, micro_step))
+        return to_device(self.workload.batch(indices), self.device)
+
+    def loss(self, batch: Any) -> Tensor:
+        """The workload's loss of ``batch`` on the wrapped model."""
+        return self.workload.loss(self.model, batch)
+
     def nosync_reference(self, step: int) -> float:
         """Seconds of one forward+backward of micro-step 0 with gradient sync off, then
         discarded: the compute-only twin of ``sync_micro`` when there is no accumulation
         (every micro-step syncs). Costs one micro-step; gradients are zeroed after."""
-        batch = self.source.batch(self.rank, step, 0, self.device)
+        batch = self.batch(step, 0)
         start = self.timer.now()
         with sync_gradients(self.model, self.plan, enabled=False), self.precision.autocast():
-            loss = self.model(**batch).loss / self.plan.accumulation_steps
+            loss = self.loss(batch) / self.plan.accumulation_steps
         self.precision.backward(loss)
         elapsed = self.timer.now() - start
         self.optimizer.zero_grad(set_to_none=True)
@@ -187,16 +199,34 @@ def _window_metrics(
     }
 
 
+def make_workload(plan: Any, rank: int, device: torch.device) -> Workload:
+    """The plan's workload on this rank: the user's entrypoint, or the built-in HF model.
+
+    torch is seeded with ``plan.seed`` first, so a model built with random init has the same
+    weights on every rank."""
+    torch.manual_seed(plan.seed)
+    if plan.entrypoint is None:
+        return hf_workload(plan)
+    ctx = WorkloadContext(
+        seed=plan.seed, rank=rank, world_size=plan.world_size, device=device,
+        seq_len=plan.seq_len, options=dict(plan.options), precision=plan.precision,
+    )  # fmt: skip
+    return as_workload(load_entrypoint(plan.entrypoint, plan.workload_source)(ctx))
+
+
+def default_optimizer(lr: float) -> Callable[[Any], torch.optim.Optimizer]:
+    """AdamW at ``lr``: the optimizer when the workload names none."""
+    return lambda params: torch.optim.AdamW(params, lr=lr)
+
+
 def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[StepRunner, dict]:
     """Seed, build and wrap the model, make optimizer and data; returns set-up times too."""
-    torch.manual_seed(plan.seed)
     start = time.perf_counter()
-    model = build_model(plan)
-    config = model.config
-    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    workload = make_workload(plan, rank, device)
+    num_params = sum(p.numel() for p in workload.model.parameters() if p.requires_grad)
     model_build_s = time.perf_counter() - start
     start = time.perf_counter()
-    model = wrap_model(model, plan, device)
+    model = wrap_model(workload.model, plan, device, workload.blocks)
     wrap_s = time.perf_counter() - start
     # Weights are identical on every rank (seeded build); dropout masks should not be.
     torch.manual_seed(plan.seed + 1 + rank)
@@ -205,9 +235,9 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
         rank=rank,
         device=device,
         model=model,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=plan.lr),
+        optimizer=(workload.optimizer or default_optimizer(plan.lr))(model.parameters()),
         precision=Precision(plan, device),
-        source=make_batch_source(plan, config),
+        workload=workload,
         timer=StepTimer(device),
         # An OOM strikes every rank alike (same model, same micro-batch); a crash or a hang
         # takes one rank, and the others must notice.

@@ -5,6 +5,9 @@ the driver's node (not ``ray.train.report``, which waits for the Train controlle
 aggregates the per-worker dicts.
 """
 
+FLOPS_PER_PARAM_TOKEN = 6
+"""Training FLOPs per parameter and token (2 forward + 4 backward), dense transformers."""
+
 NONFINITE_RATE_MAX = 0.001
 """Share of optimizer steps skipped for non-finite gradients above which a run is unhealthy
 (0.1%, the write-up's monitoring threshold): the training summary warns, the doctor flags."""

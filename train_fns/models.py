@@ -160,28 +160,6 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
     return model.train()  # from_pretrained returns eval mode; we time training (dropout on)
 
 
-def transformer_block_list(model: nn.Module) -> nn.ModuleList:
-    """The ModuleList of same-class modules holding the most parameters (the layer stack)."""
-    best: nn.ModuleList | None = None
-    best_params = 0
-    for module in model.modules():
-        if not isinstance(module, nn.ModuleList) or len(module) == 0:
-            continue
-        if len({type(child) for child in module}) != 1:
-            continue
-        num_params = sum(p.numel() for p in module.parameters())
-        if num_params > best_params:
-            best, best_params = module, num_params
-    if best is None:
-        raise ValueError(f"{type(model).__name__} has no ModuleList of repeated blocks")
-    return best
-
-
-def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated transformer blocks: the units FSDP shards and activation checkpointing wraps."""
-    return list(transformer_block_list(model))
-
-
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())

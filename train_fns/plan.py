@@ -80,8 +80,9 @@ class TrialPlan:
     """One configuration, fully derived and checked; what a worker runs."""
 
     model: str
-    """A preset name (``bert-tiny``), an HF model type (``roberta``) or a local directory."""
-    task: str
+    """A preset name (``bert-tiny``), an HF model type (``roberta``) or a local directory;
+    with ``entrypoint``, only a label."""
+    task: str | None
     seq_len: int
     global_batch: int
     world_size: int
@@ -119,6 +120,13 @@ class TrialPlan:
     prune_below: float | None = None
     """Global samples/s below which this configuration is clearly slower than the best so
     far: after two windows below it the workers stop measuring it (None: never)."""
+    entrypoint: str | None = None
+    """The user's workload (``file.py:make_workload`` or ``pkg.module:make_workload``); None:
+    the built-in Hugging Face model."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """``workload.options``, passed to the user's ``make_workload`` as ``ctx.options``."""
+    workload_source: str | None = None
+    """A file entrypoint's text, read once on the driver: workers on any node run it."""
     first_step: int = 0
     first_sample: int = 0
     """The data position: step ``first_step`` starts at global sample ``first_sample``. A
@@ -129,7 +137,7 @@ class TrialPlan:
             raise InfeasiblePlan(f"strategy={self.strategy!r}; use one of {STRATEGIES}")
         if self.precision not in PRECISIONS:
             raise InfeasiblePlan(f"precision={self.precision!r}; use one of {PRECISIONS}")
-        if self.task not in TASKS:
+        if self.task is not None and self.task not in TASKS:
             raise InfeasiblePlan(f"task={self.task!r}; use one of {TASKS}")
         if self.fault is not None and self.fault not in FAULT_KINDS:
             raise InfeasiblePlan(f"fault={self.fault!r}; use one of {FAULT_KINDS}")

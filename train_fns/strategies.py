@@ -19,26 +19,41 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from train_fns.models import transformer_block_list
 from train_fns.plan import TrialPlan
+from train_fns.workload import default_blocks
 
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 """What ``checkpoint_wrapper`` inserts into parameter names; strip it to compare names."""
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
+def apply_activation_checkpointing(
+    model: nn.Module, blocks: list[nn.Module]
+) -> list[nn.Module]:
     """Wrap each transformer block so its activations are recomputed in backward.
 
     Torch's non-reentrant ``checkpoint_wrapper`` is used rather than HF's
     ``gradient_checkpointing_enable``: it is applied before ``fully_shard`` (as torchtitan
     does), so FSDP2's all-gather hooks sit outside the recomputed region, and it works the same
     under DDP. Non-reentrant checkpointing restores the RNG state, so dropout masks (and thus
-    gradients) are unchanged.
+    gradients) are unchanged. Returns the wrapped blocks, each in its block's place.
     """
-    blocks = transformer_block_list(model)
-    for index, block in enumerate(blocks):
-        blocks[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    wrapped = [checkpoint_wrapper(b, checkpoint_impl=CheckpointImpl.NO_REENTRANT) for b in blocks]
+    replace_modules(model, dict(zip(map(id, blocks), wrapped, strict=True)))
+    return wrapped
+
+
+def replace_modules(model: nn.Module, new: dict[int, nn.Module]) -> None:
+    """Put ``new[id(child)]`` where each such child sits in the model (its parent's attribute
+    or container slot); raise when one of them is not inside the model."""
+    found = set()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in new:
+                setattr(parent, name, new[id(child)])
+                found.add(id(child))
+    if found != set(new):
+        raise ValueError("a block is not a submodule of the model (blocks must be inside it)")
 
 
 def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
@@ -51,7 +66,9 @@ def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Mod
     )
 
 
-def _wrap_fsdp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
+def _wrap_fsdp(
+    model: nn.Module, plan: TrialPlan, device: torch.device, blocks: list[nn.Module]
+) -> nn.Module:
     """Shard each block, then the root (embeddings, tied LM head, final norm).
 
     One FSDP group per block lets the all-gather of block k+1 overlap block k's compute.
@@ -70,24 +87,30 @@ def _wrap_fsdp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Mo
         "reshard_after_forward": plan.fsdp.reshard_after_forward,
         "mp_policy": mp_policy,
     }
-    for block in transformer_block_list(model):
+    for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
 
 
-def wrap_model(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
-    """Move ``model`` to ``device`` and wrap it for ``plan.strategy`` (process group required)."""
+def wrap_model(
+    model: nn.Module, plan: TrialPlan, device: torch.device, blocks: list[nn.Module] | None = None
+) -> nn.Module:
+    """Move ``model`` to ``device`` and wrap it for ``plan.strategy`` (process group required);
+    ``blocks`` are the units FSDP2 shards and checkpointing wraps (default: the layer stack)."""
     if not torch.distributed.is_initialized():
         raise RuntimeError(
             "wrap_model needs an initialised torch.distributed process group "
             "(Ray Train sets one up; tests use gloo)"
         )
     model.to(device)
+    needs_blocks = plan.activation_checkpointing or plan.strategy == "fsdp"
+    if needs_blocks and blocks is None:
+        blocks = default_blocks(model)
     if plan.activation_checkpointing:
-        apply_activation_checkpointing(model)
+        blocks = apply_activation_checkpointing(model, blocks)
     if plan.strategy == "fsdp":
-        return _wrap_fsdp(model, plan, device)
+        return _wrap_fsdp(model, plan, device, blocks)
     return _wrap_ddp(model, plan, device)
 
 

@@ -192,7 +192,7 @@ class ElasticTrainer:
             global_batch=split.global_batch, lr=split.lr, max_grad_norm=split.max_grad_norm,
             first_step=step + 1, first_sample=self.state["samples_seen"],
         )  # fmt: skip
-        runner.plan = runner.source.plan = new
+        runner.plan = new
         runner.precision.max_grad_norm = split.max_grad_norm
         for group in runner.optimizer.param_groups:
             group["lr"] = split.lr

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.plans import check_workload
 from orchestrator.runfiles import STUDY_DB
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
@@ -104,7 +105,9 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         SearchSpace(load_spaces(config.search.spaces), provisional_context(config))
     except SpaceError as e:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
-    return config, parse_faults(args.inject_faults)
+    faults = parse_faults(args.inject_faults)
+    check_workload(config)
+    return config, faults
 
 
 def output_dir(args: argparse.Namespace, config: Config) -> Path:

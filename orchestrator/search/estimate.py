@@ -21,12 +21,18 @@ from orchestrator.costmodel import (
     compute_s_per_sample,
     rank_candidates,
 )
+from orchestrator.plans import check_workload
 from search_spaces import SearchContext, SearchSpace, load_spaces
 
 
 def model_size(config: Config) -> ModelSize:
-    """Parameters and blocks of the workload's model, counted on the meta device."""
+    """Parameters and blocks of the workload's model, counted on the meta device (a user
+    workload is built once on CPU by ``plans.check_workload``)."""
     import torch
+
+    shape = check_workload(config)
+    if shape is not None:
+        return ModelSize(shape.num_params, shape.num_blocks, str(config.workload.entrypoint))
 
     from train_fns.models import default_task, model_class, resolve_model_config
 

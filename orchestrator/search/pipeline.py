@@ -134,7 +134,7 @@ def _tune(
     proposer = Proposer(space, cfg.sampler, cfg.trials, _seeds(ctx))
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
-        f"({config.workload.model}, {config.cluster.num_workers} "
+        f"({config.workload.entrypoint or config.workload.model}, {config.cluster.num_workers} "
         f"{'GPU' if ctx.use_gpu else 'CPU'} workers, global batch {config.workload.global_batch},"
         f" strategy {cfg.sampler}, {_evaluation(cfg)}); trial 0 is the untouched baseline",
         flush=True,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.plans import check_workload
 from orchestrator.train.run import RUN_NAME, run
 from train_fns.elastic import STATE_FILE
 
@@ -64,7 +65,9 @@ def check(args: argparse.Namespace) -> Config:
     if args.workers:
         low, high = workers_range(args.workers)
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
-    return load_config(args.config, args.preset, sets)
+    config = load_config(args.config, args.preset, sets)
+    check_workload(config)
+    return config
 
 
 def prepare(args: argparse.Namespace) -> tuple[Config, Path]:

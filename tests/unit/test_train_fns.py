@@ -23,13 +23,13 @@ from train_fns.models import (
     default_task,
     is_known_model,
     resolve_model_config,
-    transformer_blocks,
 )
 from train_fns.plan import DDPOptions, InfeasiblePlan, TrialPlan
 from train_fns.precision import Precision
 from train_fns.strategies import apply_activation_checkpointing, canonical_name
 from train_fns.timing import StepTimer
 from train_fns.watchdog import Watchdog
+from train_fns.workload import default_blocks
 
 CPU = torch.device("cpu")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -178,9 +178,9 @@ def test_is_known_model(tmp_path: Path) -> None:
 
 def test_transformer_blocks_finds_the_layer_stack() -> None:
     bert = build_model(make_plan())
-    assert [type(b).__name__ for b in transformer_blocks(bert)] == ["BertLayer"] * 2
+    assert [type(b).__name__ for b in default_blocks(bert)] == ["BertLayer"] * 2
     gpt2 = build_model(make_plan(model="gpt2", task="clm", model_overrides=TINY_GPT2))
-    assert [type(b).__name__ for b in transformer_blocks(gpt2)] == ["GPT2Block"] * 3
+    assert [type(b).__name__ for b in default_blocks(gpt2)] == ["GPT2Block"] * 3
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "gpt2"])
@@ -196,8 +196,8 @@ def test_activation_checkpointing_keeps_gradients(model: str) -> None:
     for checkpointing in (False, True):
         net = build_model(plan)
         if checkpointing:
-            apply_activation_checkpointing(net)
-            assert {type(b).__name__ for b in transformer_blocks(net)} == {"CheckpointWrapper"}
+            apply_activation_checkpointing(net, default_blocks(net))
+            assert {type(b).__name__ for b in default_blocks(net)} == {"CheckpointWrapper"}
         batch = make_batch_source(plan, net.config).batch(0, 0, 0, CPU)
         net(**batch).loss.backward()
         grads.append({canonical_name(n): p.grad for n, p in net.named_parameters()})

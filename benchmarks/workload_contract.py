@@ -1,0 +1,74 @@
+"""Does the workload contract cost anything? The built-in Hugging Face workload measured through
+it (this tree) and without it (a git revision from before the contract), side by side in one
+run, alternating, on the same machine.
+
+Each run is a real one-trial search (the untouched baseline only, no re-measurement, no scaling
+baseline) of ``--preset`` (cpu-demo by default); the figure is the trial's samples/s (median
+window). The older revision is checked out with ``git worktree`` into a temporary folder and run
+from there.
+
+    python -m benchmarks.workload_contract                      # cpu-demo, 2 rounds (~6 min)
+    python -m benchmarks.workload_contract --rounds 3 --before e0dbb9a
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "e0dbb9a"
+"""The last revision whose worker built the HF model and batches directly (no contract)."""
+ONE_TRIAL = [
+    *("--set", "search.trials=1", "--set", "search.remeasure_top=0"),
+    *("--set", "search.scaling_baseline=false", "--set", "search.cost_model_seeds=0"),
+]
+
+
+def baseline_samples_per_s(tree: Path, preset: str, out: Path) -> float:
+    """One baseline-only search run from ``tree``; its trial's samples/s."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", "--preset", preset, "--out", str(out),
+         *ONE_TRIAL], cwd=tree, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"{tree}: search failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    (row,) = list(csv.DictReader((out / "trials.csv").open()))
+    return float(row["samples_per_s"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="cpu-demo")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--before", default=BEFORE, help="git revision without the contract")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="commtune-contract-") as tmp:
+        old = Path(tmp) / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(old), args.before], cwd=ROOT,
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            figures: dict[str, list[float]] = {"before": [], "contract": []}
+            for r in range(args.rounds):  # alternate, so drift hits both alike
+                for name, tree in (("before", old), ("contract", ROOT)):
+                    value = baseline_samples_per_s(tree, args.preset, Path(tmp) / f"{name}{r}")
+                    figures[name].append(value)
+                    print(f"round {r + 1}: {name:8s} {value:8.2f} samples/s", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT,
+                           capture_output=True)  # fmt: skip
+    before, contract = (statistics.median(figures[k]) for k in ("before", "contract"))
+    spread = max(statistics.pstdev(v) / statistics.fmean(v) for v in figures.values())
+    print(f"{args.preset}: contract / before = {contract / before:.3f} (medians {contract:.2f} vs "
+          f"{before:.2f} samples/s; largest run-to-run spread {spread:.1%})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

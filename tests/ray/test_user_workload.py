@@ -1,0 +1,101 @@
+"""A user's own workload (a file in a folder outside the project, not a Hugging Face model)
+searched through the CLI with DDP and FSDP2, a crash inside its loss ending its trials only,
+then trained from best.yaml and resumed exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from _heads import ROOT, leftovers
+
+WORKLOAD = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.inp, self.out = nn.Linear(8, width), nn.Linear(width, 1)
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(2)])
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.out(x)
+
+
+def make_workload(ctx):
+    def batch(indices):
+        gen = lambda i: torch.Generator().manual_seed(ctx.seed * 1000 + i)
+        return torch.stack([torch.randn(9, generator=gen(i)) for i in indices])
+
+    def loss(model, data):
+        if len(data) == 1:
+            raise ValueError("this workload refuses micro-batches of one sample")
+        return nn.functional.mse_loss(model(data[:, :8]), data[:, 8:])
+
+    return {"model": Net(ctx.options["width"]), "batch": batch, "loss": loss}
+'''
+
+
+def run(module: str, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout_s,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    outside = tmp_path_factory.mktemp("user_code")
+    (outside / "my_workload.py").write_text(textwrap.dedent(WORKLOAD))
+    out = tmp_path_factory.mktemp("search")
+    proc = run(
+        "orchestrator.search", "--preset", "smoke", "--out", str(out),
+        "--set", f"workload.entrypoint={outside / 'my_workload.py'}:make_workload",
+        "--set", "workload.options={width: 16}", "--set", "workload.global_batch=8",
+        "--set", "search.spaces=[strategy, accumulation]", "--set", "search.sampler=grid",
+        "--set", "search.trials=8", "--set", "search.prune=false",
+        "--set", "search.scaling_baseline=false",
+    )  # fmt: skip
+    return out, proc
+
+
+def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
+    out, proc = searched
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    done = {(r["strategy"], r["accumulation_steps"]) for r in rows if r["state"] == "complete"}
+    assert {s for s, _ in done} == {"ddp", "fsdp"}, rows
+    # accumulation 4 on 2 workers of 8 samples is a micro-batch of one: the user's loss raises.
+    crashed = [r for r in rows if r["accumulation_steps"] == "4"]
+    assert crashed and all(r["state"] in ("crash", "error") for r in crashed), crashed
+    assert all("refuses micro-batches of one sample" in r["reason"] for r in crashed), crashed
+    best = yaml.safe_load((out / "best.yaml").read_text().split("\n", 2)[2])
+    assert best["workload"]["entrypoint"].endswith("my_workload.py:make_workload")
+
+
+def test_training_the_users_workload_resumes_exactly(searched, tmp_path: Path) -> None:
+    out, _ = searched
+    base = ["--config", str(out / "best.yaml"), "--checkpoint-every", "2",
+            "--set", "train.log_every=1"]  # fmt: skip
+    whole = run("orchestrator.train", *base, "--steps", "4", "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    half = run("orchestrator.train", *base, "--steps", "2", "--out", str(tmp_path / "half"))
+    assert half.returncode == 0, half.stderr[-3000:]
+    resumed = run("orchestrator.train", *base, "--steps", "4", "--resume",
+                  "--out", str(tmp_path / "half"))  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    final = [json.loads((tmp_path / d / "summary.json").read_text())["final_loss"]
+             for d in ("whole", "half")]  # fmt: skip
+    assert final[1] == pytest.approx(final[0], rel=1e-6)
+    assert not leftovers()

@@ -1,0 +1,146 @@
+"""The workload contract without Ray: loading an entrypoint, checking what it returns, the
+driver-side check that exits 2 naming ``workload.entrypoint``, and the tuned helpers."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.plans import check_workload, plan_from_config, workload_fields
+from train_fns import tuned
+from train_fns.workload import (
+    WorkloadError,
+    as_workload,
+    default_blocks,
+    load_entrypoint,
+    to_device,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GOOD = """
+import torch
+from torch import nn
+
+def make_workload(ctx):
+    model = nn.Sequential(nn.Linear(4, 4))
+    return {"model": model, "batch": lambda idx: torch.ones(len(idx), 4),
+            "loss": lambda m, b: m(b).sum()}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "wl.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def config_for(entrypoint: str, **workload: object):
+    sets = ["cluster.num_workers=2", "workload.global_batch=8", f"workload.entrypoint={entrypoint}"]
+    sets += [f"workload.{k}={v}" for k, v in workload.items()]
+    return load_config(None, "smoke", sets)
+
+
+def test_a_file_entrypoint_loads_and_checks(tmp_path: Path) -> None:
+    make = load_entrypoint(f"{write(tmp_path, GOOD)}:make_workload")
+    workload = as_workload(make(None))
+    assert isinstance(workload.model, nn.Module) and workload.blocks is None
+    assert workload.batch([0, 1]).shape == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("source", "entry", "message"),
+    [
+        (None, "missing.py:make_workload", "is not a file"),
+        (GOOD, "{path}:other", "has no function 'other'"),
+        ("import no_such_module_xyz\n", "{path}:make_workload", "importing"),
+        ("def make_workload(ctx):\n    return {'model': 1}\n", "{path}:make_workload", "without"),
+        (
+            "def make_workload(ctx):\n    return {'model': 1, 'batch': 1, 'loss': 1}\n",
+            "{path}:make_workload",
+            "not a torch nn.Module",
+        ),
+        (GOOD, "{path}", "is not MODULE:FUNCTION"),
+        (None, "no_such_package_xyz.mod:make", "importing"),
+    ],
+)  # fmt: skip
+def test_bad_entrypoints_exit_2_naming_the_key(
+    tmp_path: Path, source: str | None, entry: str, message: str
+) -> None:
+    path = write(tmp_path, source) if source is not None else tmp_path / "missing.py"
+    with pytest.raises(ConfigError, match=message) as info:
+        check_workload(config_for(entry.format(path=path)))
+    assert info.value.key == "workload.entrypoint"
+
+
+def test_a_raising_make_workload_names_the_entrypoint(tmp_path: Path) -> None:
+    path = write(tmp_path, "def make_workload(ctx):\n    raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match="make_workload raised RuntimeError: boom"):
+        check_workload(config_for(f"{path}:make_workload"))
+
+
+def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_for(f"{write(tmp_path, GOOD)}:make_workload", task="mlm")
+    assert info.value.key == "workload.entrypoint"
+
+
+def test_the_examples_pass_the_driver_check() -> None:
+    for name in ("vision_workload.py", "mlp_workload.py"):
+        shape = check_workload(config_for(f"{EXAMPLES / name}:make_workload"))
+        assert shape is not None and shape.num_params > 0 and shape.num_blocks > 0
+
+
+def test_a_plan_ships_the_file_text_and_an_absolute_path(tmp_path: Path, monkeypatch) -> None:
+    write(tmp_path, GOOD)
+    monkeypatch.chdir(tmp_path)
+    config = config_for("wl.py:make_workload", options="{width: 3}")
+    fields = workload_fields(config)
+    assert fields["entrypoint"] == f"{tmp_path / 'wl.py'}:make_workload"
+    assert fields["workload_source"] == textwrap.dedent(GOOD)
+    plan = plan_from_config(config, None, False, {}, 2)
+    assert plan.options == {"width": 3} and plan.task is None
+    # A worker that has never seen the file runs the text the driver read.
+    make = load_entrypoint("elsewhere/wl.py:make_workload", plan.workload_source)
+    assert as_workload(make(None)).batch([0]).shape == (1, 4)
+
+
+def test_default_blocks_need_a_module_list() -> None:
+    with pytest.raises(WorkloadError, match="return `blocks`"):
+        default_blocks(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_to_device_keeps_the_structure() -> None:
+    batch = {"x": torch.ones(2), "pair": (torch.zeros(1), [torch.ones(1)]), "n": 3}
+    moved = to_device(batch, torch.device("cpu"))
+    assert moved["n"] == 3 and isinstance(moved["pair"], tuple)
+    assert isinstance(moved["pair"][1], list)
+
+
+BEST = {
+    "strategy": "fsdp",
+    "workload": {"global_batch": 32, "seq_len": 16, "precision": "fp32"},
+    "cluster": {"num_workers": 4},
+    "env": {"NCCL_BUFFSIZE": 8388608, "NCCL_ALGO": "allreduce:tree"},
+    "tuned": {"accumulation_steps": 2, "reshard_after_forward": False},
+}
+
+
+def test_tuned_split_keeps_the_global_batch() -> None:
+    assert tuned.split(BEST, 4) == (4, 2)  # the tuned split at the tuned world size
+    assert tuned.split(BEST, 2) == (4, 4)  # micro-batch kept, accumulation raised
+    assert tuned.split(BEST, 8) == (4, 1)
+    with pytest.raises(ValueError, match="cannot be split over 3 workers"):
+        tuned.split(BEST, 3)
+
+
+def test_tuned_env_and_plan() -> None:
+    assert tuned.worker_env(BEST) == {"NCCL_BUFFSIZE": "8388608", "NCCL_ALGO": "allreduce:tree"}
+    plan = tuned.plan_for(BEST, 2)
+    assert (plan.strategy, plan.fsdp.reshard_after_forward, plan.accumulation_steps) == (
+        "fsdp", False, 4,
+    )  # fmt: skip

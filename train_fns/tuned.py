@@ -1,0 +1,106 @@
+"""The tuned result for your own training loop: ``from train_fns import tuned``.
+
+commtune's search writes ``best.yaml``; these three calls carry it into a loop commtune does not
+run (a Ray Train ``train_loop_per_worker`` of your own, or a torchrun script)::
+
+    best = tuned.load("runs/my-study/best.yaml")
+    micro_batch, accumulation = tuned.split(best, world_size)   # the global batch stays fixed
+    model = tuned.wrap(model, best)            # DDP with the tuned buckets, or FSDP2 sharding
+    trainer = TorchTrainer(..., run_config=RunConfig(
+        worker_runtime_env={"env_vars": tuned.worker_env(best)}))  # NCCL reads them at start
+
+``best.env`` stays for launchers that are not Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan, resplit
+
+Best = Mapping[str, Any]
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A best.yaml (or any complete commtune config) as a mapping."""
+    data = yaml.safe_load(Path(path).expanduser().read_text())
+    if not isinstance(data, dict) or "workload" not in data:
+        raise ValueError(f"{path}: not a commtune config (no workload section)")
+    return data
+
+
+def split(best: Best, world_size: int) -> tuple[int, int]:
+    """``(micro_batch, accumulation_steps)`` for ``world_size`` workers, the global batch fixed:
+    the tuned split at the tuned world size, else the largest micro-batch up to the tuned one
+    that divides exactly (what ``orchestrator.train`` does when the world resizes)."""
+    global_batch = int(best["workload"]["global_batch"])
+    accumulation = int(best.get("tuned", {}).get("accumulation_steps", 1))
+    tuned_world = int(best.get("cluster", {}).get("num_workers", world_size))
+    tuned_micro = global_batch // (tuned_world * accumulation)
+    if world_size == tuned_world and tuned_micro * tuned_world * accumulation == global_batch:
+        return tuned_micro, accumulation
+    found = resplit(global_batch, world_size, max(1, tuned_micro))
+    if found is None:
+        raise ValueError(
+            f"global_batch={global_batch} cannot be split over {world_size} workers; "
+            "use a world size that divides it"
+        )
+    accumulation, micro = found
+    return micro, accumulation
+
+
+def worker_env(best: Best) -> dict[str, str]:
+    """The tuned environment variables, for ``RunConfig(worker_runtime_env={"env_vars": ...})``
+    or the environment of a torchrun launch (every process must start with them)."""
+    return {str(k): str(v) for k, v in (best.get("env") or {}).items()}
+
+
+def plan_for(best: Best, world_size: int) -> TrialPlan:
+    """The TrialPlan of ``best`` at ``world_size`` (what ``wrap`` applies)."""
+    knobs = best.get("tuned", {})
+    micro, accumulation = split(best, world_size)
+    workload = best["workload"]
+    return TrialPlan(
+        model=str(workload.get("entrypoint") or workload.get("model")),
+        task=None,
+        seq_len=int(workload.get("seq_len", 1)),
+        global_batch=int(workload["global_batch"]),
+        world_size=world_size,
+        accumulation_steps=accumulation,
+        micro_batch=micro,
+        strategy=str(knobs.get("strategy", best.get("strategy", "ddp"))).replace("search", "ddp"),
+        precision=str(workload.get("precision", "fp32")),
+        ddp=DDPOptions(
+            bucket_cap_mb=float(knobs.get("bucket_cap_mb", DDPOptions.bucket_cap_mb)),
+            gradient_as_bucket_view=bool(knobs.get("gradient_as_bucket_view", False)),
+            static_graph=bool(knobs.get("static_graph", False)),
+        ),
+        fsdp=FSDPOptions(reshard_after_forward=bool(knobs.get("reshard_after_forward", True))),
+        activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
+        use_gpu=torch.cuda.is_available(),
+    )
+
+
+def wrap(
+    model: nn.Module,
+    best: Best,
+    device: torch.device | None = None,
+    blocks: list[nn.Module] | None = None,
+) -> nn.Module:
+    """``model`` on ``device`` (default: this rank's GPU, else CPU), wrapped as tuned: DDP with
+    the tuned bucket settings, or FSDP2 with the tuned sharding, activation checkpointing on
+    ``blocks`` (default: the largest ModuleList of same-class modules). Needs an initialised
+    process group, as Ray Train and torchrun give."""
+    from train_fns.strategies import wrap_model
+
+    world = torch.distributed.get_world_size()
+    if device is None:
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return wrap_model(model, plan_for(best, world), device, blocks)
