@@ -64,7 +64,7 @@ def _local_gradients_under_no_sync(rank: int, plan: TrialPlan) -> dict[str, torc
     """Gradients after one micro-step with sync off: each rank's own, not the average."""
     runner, _ = build_runner(plan, rank, CPU)
     with sync_gradients(runner.model, plan, enabled=False):
-        runner.model(**runner.source.batch(rank, 0, 0, CPU)).loss.backward()
+        runner.loss(runner.batch(0, 0)).backward()
     return full_gradients(runner.model)
 
 
