@@ -81,6 +81,10 @@ class ClusterConfig:
     """None starts a local Ray; ``auto`` or ``HOST:PORT`` joins a running cluster."""
     autoscaling: bool = False
     """True when the cluster grows on demand: too few resources now is then not an error."""
+    nvswitch: bool = False
+    """The GPUs of a node share an NVSwitch with NVLink SHARP (HGX/DGX H100 and later): the
+    search then offers NCCL's NVLS algorithms. Declared, not detected: the driver may run on
+    a CPU head that cannot see the workers' topology."""
 
     def __post_init__(self) -> None:
         _check_positive("cluster.num_workers", self.num_workers)
@@ -130,6 +134,10 @@ class SearchConfig:
     which can couple their measurements."""
     cost_model_seeds: int = 3
     """Configurations the cost model ranks best, measured right after the baseline (0: none)."""
+    unsafe_nccl: bool = False
+    """Allow NCCL settings that NCCL says can silently corrupt data (forced LL128, relaxed PCI
+    ordering, ...): in the spaces and in ``env``. A search that compares only throughput
+    could otherwise write one into best.env."""
 
     def __post_init__(self) -> None:
         _check_positive("search.trials", self.trials)
@@ -236,10 +244,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGY_MODES)
-        from search_spaces import SpaceError, check_env
+        from search_spaces import SpaceError, env_strings
 
-        try:
-            check_env(self.env)
+        try:  # YAML true/false/null become what NCCL reads: 1/0/unset
+            self.env = env_strings(self.env, self.search.unsafe_nccl)
         except SpaceError as e:
             raise ConfigError(f"env.{e.key}" if e.key else "env", str(e)) from e
         per_worker, rest = divmod(self.workload.global_batch, self.cluster.num_workers)
@@ -312,9 +320,7 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")
-        if typing.get_args(hint)[1] is str:
-            return {str(k): str(v) for k, v in value.items()}
-        return dict(value)
+        return dict(value)  # env's values are converted and checked by Config
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):

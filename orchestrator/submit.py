@@ -36,7 +36,7 @@ from typing import Any
 
 from orchestrator.config import ConfigError
 from search_spaces import SpaceError
-from search_spaces._env import check_env
+from search_spaces._env import env_strings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"search": "orchestrator.search", "train": "orchestrator.train"}
@@ -178,11 +178,10 @@ def job_env(pairs: list[str]) -> dict[str, str]:
         if not sep:
             raise ConfigError("--env", f"{pair!r} is not NAME=VALUE")
         env[name] = value
-    try:
-        check_env(env)
+    try:  # unsafe NCCL values only through a config with search.unsafe_nccl: true
+        return env_strings(env)
     except SpaceError as e:
         raise ConfigError(f"--env {e.key}" if e.key else "--env", str(e)) from e
-    return env
 
 
 def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:

@@ -54,6 +54,7 @@ from ._env import (
     SpaceError,
     check_env,
     check_env_var,
+    env_strings,
     is_env_name,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
@@ -70,6 +71,7 @@ __all__ = [
     "SpaceSpec",
     "check_env",
     "check_env_var",
+    "env_strings",
     "is_env_name",
     "load_space_file",
     "load_spaces",
