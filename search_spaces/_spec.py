@@ -246,8 +246,9 @@ def check_socket_rule(
 def check_choice_conditions(param: Param) -> None:
     """A choice's condition may test only context values: Optuna forbids a categorical
     whose choices change between trials, so a choice is decided once per run."""
-    for i, (_, cond, _) in enumerate(param.choice_when):
-        key = f"{param.key}.choices[{i}].when"
+    for value, cond, _ in param.choice_when:
+        index = next(i for i, c in enumerate(param.choices) if same_value(c, value))
+        key = f"{param.key}.choices[{index}].when"
         for clause in cond.clauses:
             if clause.name not in CONTEXT_DOMAINS:
                 raise SpaceError(
