@@ -249,7 +249,7 @@ class Config:
         try:  # YAML true/false/null become what NCCL reads: 1/0/unset
             self.env = env_strings(self.env, self.search.unsafe_nccl)
         except SpaceError as e:
-            raise ConfigError(f"env.{e.key}" if e.key else "env", str(e)) from e
+            raise ConfigError(f"env.{e.key}" if e.key else "env", e.message) from e
         per_worker, rest = divmod(self.workload.global_batch, self.cluster.num_workers)
         if rest:
             raise ConfigError(

@@ -181,7 +181,7 @@ def job_env(pairs: list[str]) -> dict[str, str]:
     try:  # unsafe NCCL values only through a config with search.unsafe_nccl: true
         return env_strings(env)
     except SpaceError as e:
-        raise ConfigError(f"--env {e.key}" if e.key else "--env", str(e)) from e
+        raise ConfigError(f"--env {e.key}" if e.key else "--env", e.message) from e
 
 
 def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:
