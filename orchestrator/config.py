@@ -110,6 +110,10 @@ class ClusterConfig:
     """None starts a local Ray; ``auto`` or ``HOST:PORT`` joins a running cluster."""
     autoscaling: bool = False
     """True when the cluster grows on demand: too few resources now is then not an error."""
+    nvswitch: bool = False
+    """The GPUs of a node share an NVSwitch with NVLink SHARP (HGX/DGX H100 and later): the
+    search then offers NCCL's NVLS algorithms. Declared, not detected: the driver may run on
+    a CPU head that cannot see the workers' topology."""
 
     def __post_init__(self) -> None:
         _check_positive("cluster.num_workers", self.num_workers)
@@ -159,6 +163,10 @@ class SearchConfig:
     which can couple their measurements."""
     cost_model_seeds: int = 3
     """Configurations the cost model ranks best, measured right after the baseline (0: none)."""
+    unsafe_nccl: bool = False
+    """Allow NCCL settings that NCCL says can silently corrupt data (forced LL128, relaxed PCI
+    ordering, ...): in the spaces and in ``env``. A search that compares only throughput
+    could otherwise write one into best.env."""
 
     def __post_init__(self) -> None:
         _check_positive("search.trials", self.trials)
@@ -265,12 +273,12 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGY_MODES)
-        from search_spaces import SpaceError, check_env
+        from search_spaces import SpaceError, env_strings
 
-        try:
-            check_env(self.env)
+        try:  # YAML true/false/null become what NCCL reads: 1/0/unset
+            self.env = env_strings(self.env, self.search.unsafe_nccl)
         except SpaceError as e:
-            raise ConfigError(f"env.{e.key}" if e.key else "env", str(e)) from e
+            raise ConfigError(f"env.{e.key}" if e.key else "env", e.message) from e
         per_worker, rest = divmod(self.workload.global_batch, self.cluster.num_workers)
         if rest:
             raise ConfigError(
@@ -341,9 +349,7 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")
-        if typing.get_args(hint)[1] is str:
-            return {str(k): str(v) for k, v in value.items()}
-        return dict(value)
+        return dict(value)  # env's values are converted and checked by Config
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):
@@ -399,8 +405,9 @@ def parse_set(item: str) -> tuple[list[str], Any]:
 
 def parse_env_items(items: list[str], key: str) -> dict[str, str]:
     """``NAME=VALUE`` command-line items (``key`` is the option) -> a dict held to the
-    environment allow-list, as a config's ``env:`` is."""
-    from search_spaces import SpaceError, check_env
+    environment allow-list and value checks, as a config's ``env:`` is (unsafe NCCL values
+    only through a config with ``search.unsafe_nccl: true``)."""
+    from search_spaces import SpaceError, env_strings
 
     env: dict[str, str] = {}
     for item in items:
@@ -409,10 +416,9 @@ def parse_env_items(items: list[str], key: str) -> dict[str, str]:
             raise ConfigError(key, f"{item!r} is not NAME=VALUE; e.g. {key} NCCL_BUFFSIZE=8388608")
         env[name.strip()] = value
     try:
-        check_env(env)
+        return env_strings(env)
     except SpaceError as e:
-        raise ConfigError(f"{key} {e.key}" if e.key else key, str(e)) from e
-    return env
+        raise ConfigError(f"{key} {e.key}" if e.key else key, e.message) from e
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,10 @@ Param names are TrialPlan knobs (:data:`PLAN_KNOBS`) or environment variables wi
 allowed prefix (:data:`ENV_ALLOW_PREFIXES`). Every param has a ``default``: the
 library's own default, so the baseline trial changes nothing. Domain types:
 
-- ``categorical``: ``choices``; ``null`` means "leave unset" (library default).
+- ``categorical``: ``choices``; ``null`` means "leave unset" (library default). A choice
+  may be ``{value: V, when: COND, why_inactive: TEXT}``: offered only where COND, over
+  context values only, holds (``allreduce:nvls`` needs ``nvswitch == true``). Values NCCL
+  says can corrupt data are left out unless the context has ``unsafe_nccl``.
 - ``int``: ``low``, ``high``, optional ``step``.
 - ``pow2``: ``low``/``high`` powers of two; Optuna samples the exponent
   (param ``log2(NAME)``), results carry the value.
@@ -55,6 +58,7 @@ from ._env import (
     SpaceError,
     check_env,
     check_env_var,
+    env_strings,
     is_env_name,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
@@ -71,6 +75,7 @@ __all__ = [
     "SpaceSpec",
     "check_env",
     "check_env_var",
+    "env_strings",
     "is_env_name",
     "load_space_file",
     "load_spaces",

@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._env import ENV_ALLOW_PREFIXES, PLAN_KNOBS, SpaceError, check_env_var, is_env_name
+from ._env import (
+    ENV_ALLOW_PREFIXES,
+    PLAN_KNOBS,
+    SpaceError,
+    check_env_var,
+    env_str,
+    is_env_name,
+    unsafe_reason,
+)
 from ._expr import Condition, parse_condition
 
 TYPES = ("categorical", "int", "pow2", "bool", "divisor")
@@ -61,6 +69,8 @@ class Param:
     of: str = ""
     """Context value for ``divisor``, copied param for ``same_as``."""
     max: int | None = None
+    choice_when: tuple[tuple[Any, Condition, str], ...] = ()
+    """Categorical choices offered only where a context condition holds: (value, when, why)."""
     when: Condition | None = None
     why_inactive: str = ""
     doc: str = ""
@@ -140,12 +150,11 @@ def _domain_fields(raw: Mapping[str, Any], kind: str, key: str) -> dict[str, Any
         choices = _require(raw, "choices", key, "list the values (null: leave unset)")
         if not isinstance(choices, list) or not choices:
             raise SpaceError(f"{key}.choices", "must be a non-empty list")
-        for choice in choices:
-            if not isinstance(choice, _SCALARS):
-                raise SpaceError(f"{key}.choices", f"{choice!r} is not a plain value")
-            if sum(same_value(choice, c) for c in choices) > 1:
+        values, conditioned = _parse_choices(choices, key)
+        for choice in values:
+            if sum(same_value(choice, c) for c in values) > 1:
                 raise SpaceError(f"{key}.choices", f"{choice!r} is listed twice")
-        return {"choices": tuple(choices)}
+        return {"choices": values, "choice_when": conditioned}
     if kind in ("int", "pow2"):
         low, high, step = _parse_range(raw, key, kind)
         return {"low": low, "high": high, "step": step}
@@ -158,6 +167,26 @@ def _domain_fields(raw: Mapping[str, Any], kind: str, key: str) -> dict[str, Any
             raise SpaceError(f"{key}.max", f"max={top!r} must be a positive integer")
         return {"of": of, "max": top}
     return {}
+
+
+def _parse_choices(
+    raw: list[Any], key: str
+) -> tuple[tuple[Any, ...], tuple[tuple[Any, Condition, str], ...]]:
+    """Plain values, or ``{value: V, when: COND, why_inactive: TEXT}`` for a choice that
+    applies only on some hardware or cluster shape (``allreduce:nvls`` needs NVSwitch)."""
+    values, conditioned = [], []
+    for i, choice in enumerate(raw):
+        if isinstance(choice, Mapping):
+            _check_keys(choice, {"value", "when", "why_inactive"}, f"{key}.choices[{i}]", "choice")
+            value = _require(choice, "value", f"{key}.choices[{i}]", "the value offered")
+            if "when" in choice:
+                cond = parse_condition(choice["when"], f"{key}.choices[{i}].when")
+                conditioned.append((value, cond, str(choice.get("why_inactive", ""))))
+            choice = value
+        if not isinstance(choice, _SCALARS):
+            raise SpaceError(f"{key}.choices", f"{choice!r} is not a plain value")
+        values.append(choice)
+    return tuple(values), tuple(conditioned)
 
 
 def _check_default(param: Param) -> None:
@@ -175,6 +204,8 @@ def _check_default(param: Param) -> None:
         shown = ", ".join(map(repr, param.values()))
     if not ok:
         raise SpaceError(f"{param.key}.default", f"default {default!r} is outside {shown}")
+    if any(same_value(default, value) for value, _, _ in param.choice_when):
+        raise SpaceError(f"{param.key}.default", "the default is always offered: drop its when")
 
 
 def _check_name(name: Any, key: str) -> None:
@@ -280,3 +311,7 @@ def _check_env_values(param: Param) -> None:
             check_env_var(param.name, value)
         except SpaceError as e:
             raise SpaceError(param.key, f"domain value {value!r} is invalid: {e.message}") from None
+    text = env_str(param.default)
+    why = unsafe_reason(param.name, text) if text is not None else None
+    if why is not None:
+        raise SpaceError(f"{param.key}.default", f"{param.default!r} {why}; use a safe default")

@@ -13,6 +13,8 @@ from ._env import SpaceError
 from ._expr import Constraint, parse_condition, parse_constraint
 from ._spec import (
     SpaceSpec,
+    check_algo_proto,
+    check_choice_conditions,
     check_condition,
     check_constraint,
     check_feasible,
@@ -81,6 +83,7 @@ def _parse_params(raw: Any, name: str) -> tuple[Param, ...]:
             earlier = {p.name: p for p in params}
             later = [n for n in raw if n not in earlier]
             check_condition(param.when, f"{param.key}.when", earlier, later)
+        check_choice_conditions(param)
         params.append(param)
     return tuple(params)
 
@@ -120,6 +123,7 @@ def load_space_file(path: str | Path) -> SpaceSpec:
     params = _parse_params(raw.get("params"), name)
     constraints = _parse_constraints(raw.get("constraints"), name, params)
     check_socket_rule({p.name: p for p in params}, constraints, f"{name}.constraints")
+    check_algo_proto({p.name: p for p in params}, f"{name}.params")
     return SpaceSpec(
         name=name,
         description=_text(raw, "description", name, ""),

@@ -15,14 +15,15 @@ from typing import Any
 
 import optuna
 
-from ._domain import Param, same_value
-from ._env import PLAN_KNOBS, SpaceError, check_env, env_str, knob_defaults
+from ._domain import MAX_ENUMERATED, Param, same_value
+from ._env import PLAN_KNOBS, SpaceError, check_env, env_str, knob_defaults, unsafe_reason
 from ._expr import Condition, Constraint
 from ._load import check_unique_params
 from ._spec import (
     CONTEXT_DOMAINS,
     SearchContext,
     SpaceSpec,
+    check_algo_proto,
     check_clause,
     check_socket_rule,
     feasible_run,
@@ -79,6 +80,7 @@ class SearchSpace:
             )
         all_params = {p.name: p for s in specs for p in s.params}
         check_socket_rule(all_params, [c for s in specs for c in s.constraints], "spaces")
+        check_algo_proto(all_params, "spaces")
 
     @property
     def param_names(self) -> list[str]:
@@ -140,9 +142,39 @@ class SearchSpace:
         order = spec.param_names
         return tuple(c for c in spec.constraints if max(c.names, key=order.index) == param.name)
 
+    def _why_not(self, param: Param, value: Any) -> str | None:
+        """Why this context does not offer ``value`` of ``param`` (None: it does)."""
+        for choice, cond, why in param.choice_when:
+            if same_value(choice, value) and cond.evaluate(self._static) is not True:
+                shown = ", ".join(f"{n}={self._static.get(n)!r}" for n in cond.names)
+                return _fill(why, self._static) or f"when: {cond.text} is false here ({shown})"
+        text = env_str(value) if param.is_env else None
+        unsafe = unsafe_reason(param.name, text) if text is not None else None
+        if unsafe is not None and not self.context.unsafe_nccl:
+            return f"{unsafe}; search.unsafe_nccl: true offers it"
+        return None
+
+    def _offered(self, param: Param) -> tuple[Any, ...]:
+        """The choices this context offers, each left-out one recorded with its reason."""
+        offered = []
+        for value in param.values():
+            why = self._why_not(param, value)
+            if why is None:
+                offered.append(value)
+            else:
+                self._drop(f"{param.name}={value}", why)
+        return tuple(offered)
+
     def _choices(self, param: Param) -> tuple[Any, ...]:
         if param.kind in ("categorical", "bool"):
-            return tuple(param.values())
+            return self._offered(param)
+        enumerable = param.kind in ("int", "pow2") and param.size() <= MAX_ENUMERATED
+        if enumerable and param.is_env and any(self._why_not(param, v) for v in param.values()):
+            raise SpaceError(
+                param.key,
+                "some values are unsafe (see search.unsafe_nccl); make it categorical so "
+                "that they can be left out",
+            )
         if param.kind != "divisor":
             return ()
         of_value = self._static[param.of]
@@ -272,9 +304,10 @@ class SearchSpace:
             is_default = value == param.default and (
                 isinstance(value, bool) == isinstance(param.default, bool)
             )
-            if not is_default:
-                env[param.name] = env_str(value)
-        check_env(env)
+            text = env_str(value)
+            if not is_default and text is not None:
+                env[param.name] = text
+        check_env(env, self.context.unsafe_nccl)
         return env
 
     def knobs(self, params: Mapping[str, Any]) -> dict[str, Any]:

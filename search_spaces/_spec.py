@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._domain import MAX_ENUMERATED, Param, same_value
-from ._env import PLAN_KNOBS, SpaceError
+from ._env import PLAN_KNOBS, SpaceError, check_env
 from ._expr import Clause, Condition, Constraint
 
 CONTEXT_DOMAINS: dict[str, Any] = {
@@ -25,6 +25,9 @@ CONTEXT_DOMAINS: dict[str, Any] = {
     "num_nodes": int,
     "global_batch": int,
     "per_worker_batch": int,
+    "workers_per_node": int,
+    "nvswitch": bool,
+    "unsafe_nccl": bool,
 }
 """Names a condition may test besides params: a str tuple lists the allowed values."""
 _MAX_FEASIBILITY_POINTS = 100_000
@@ -66,6 +69,12 @@ class SearchContext:
     world_size: int
     num_nodes: int
     global_batch: int
+    nvswitch: bool = False
+    """The workers' GPUs share an NVSwitch with NVLink SHARP (HGX/DGX H100 and later): the
+    hardware NCCL's NVLS algorithms need. Declared by the config (cluster.nvswitch), since
+    the driver may run on a CPU head that cannot see the workers' topology."""
+    unsafe_nccl: bool = False
+    """Offer NCCL settings that NCCL says can corrupt data (search.unsafe_nccl)."""
 
     def __post_init__(self) -> None:
         for field in ("backend", "strategy_mode"):
@@ -87,6 +96,11 @@ class SearchContext:
     def per_worker_batch(self) -> int:
         """Samples per worker per optimizer step; accumulation splits this."""
         return self.global_batch // self.world_size
+
+    @property
+    def workers_per_node(self) -> int:
+        """Most workers on one node; 1 means one GPU per node (where NCCL's PAT applies)."""
+        return -(-self.world_size // self.num_nodes)
 
     def values(self) -> dict[str, Any]:
         """The names conditions may test; ``strategy`` only when the config fixes it."""
@@ -227,3 +241,34 @@ def check_socket_rule(
             "add the constraint `NCCL_NSOCKS_PERTHREAD * NCCL_SOCKET_NTHREADS <= 64` in the "
             "space that declares both (NCCL refuses more than 64 sockets per peer)",
         )
+
+
+def check_choice_conditions(param: Param) -> None:
+    """A choice's condition may test only context values: Optuna forbids a categorical
+    whose choices change between trials, so a choice is decided once per run."""
+    for value, cond, _ in param.choice_when:
+        index = next(i for i, c in enumerate(param.choices) if same_value(c, value))
+        key = f"{param.key}.choices[{index}].when"
+        for clause in cond.clauses:
+            if clause.name not in CONTEXT_DOMAINS:
+                raise SpaceError(
+                    key,
+                    f"{clause.name} is not a context value; a choice's when may test only "
+                    f"{', '.join(CONTEXT_DOMAINS)} (choices are fixed for a run)",
+                )
+            check_clause(clause, key)
+
+
+def check_algo_proto(params: Mapping[str, Param], key: str) -> None:
+    """Every NCCL_ALGO choice with every NCCL_PROTO choice must leave each collective an
+    algorithm and protocol NCCL implements (``allgather:pat`` with ``LL`` leaves none)."""
+    algo, proto = params.get("NCCL_ALGO"), params.get("NCCL_PROTO")
+    if algo is None or proto is None or {algo.kind, proto.kind} != {"categorical"}:
+        return
+    for a, p in itertools.product(algo.choices, proto.choices):
+        try:
+            check_env({"NCCL_ALGO": a, "NCCL_PROTO": p}, unsafe_nccl=True)
+        except SpaceError as e:
+            raise SpaceError(
+                key, f"the choices NCCL_ALGO={a!r}, NCCL_PROTO={p!r}: {e.message}"
+            ) from None

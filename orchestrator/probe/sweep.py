@@ -117,11 +117,10 @@ def probe_config(
 
     The probe trains nothing; its placeholder workload's batch splits over any world size.
     """
-    from search_spaces import SpaceError, check_env
+    from search_spaces import SpaceError, env_strings
 
-    merged = {**base.env, **env}
     try:
-        check_env(merged)
+        merged = env_strings({**base.env, **env}, base.search.unsafe_nccl)
     except SpaceError as e:
         raise ConfigError(f"--env {e.key}", e.message) from e
     use_gpu = {None: base.cluster.use_gpu, "gloo": False, "nccl": True}[backend]
@@ -132,7 +131,7 @@ def probe_config(
         use_gpu=use_gpu,
     )
     workload = WorkloadConfig(global_batch=cluster.num_workers)
-    return Config(name="probe", cluster=cluster, env=merged, workload=workload)
+    return Config(name="probe", cluster=cluster, env=merged, workload=workload, search=base.search)
 
 
 def run_probe(

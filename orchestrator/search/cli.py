@@ -83,6 +83,7 @@ def provisional_context(config: Config) -> SearchContext:
         world_size=config.cluster.num_workers,
         num_nodes=1,
         global_batch=config.workload.global_batch,
+        unsafe_nccl=config.search.unsafe_nccl,
     )
 
 

@@ -45,6 +45,8 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
         world_size=config.cluster.num_workers,
         num_nodes=max(1, min(len(alive), config.cluster.num_workers)),
         global_batch=config.workload.global_batch,
+        nvswitch=config.cluster.nvswitch,
+        unsafe_nccl=config.search.unsafe_nccl,
     )
 
 

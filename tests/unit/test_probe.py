@@ -148,11 +148,11 @@ def test_parse_env_and_probe_config() -> None:
     }
     with pytest.raises(ConfigError, match=r"^--env: "):
         parse_env_items(["NCCL_BUFFSIZE"], "--env")
-    base = Config(env={"NCCL_ALGO": "Tree"})
+    base = Config(env={"NCCL_ALGO": "allreduce:tree"})
     config = probe_config(base, 3, None, "gloo", {"NCCL_BUFFSIZE": "8388608"})
     assert config.cluster.num_workers == 3  # any world size: the workload is a placeholder
     assert config.cluster.use_gpu is False
-    assert config.env == {"NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608"}
+    assert config.env == {"NCCL_ALGO": "allreduce:tree", "NCCL_BUFFSIZE": "8388608"}
     assert probe_config(base, None, None, "nccl", {}).cluster.use_gpu is True
     assert probe_config(base, None, None, None, {}).cluster.use_gpu == "auto"
     with pytest.raises(ConfigError, match=r"^--env LD_PRELOAD: "):

@@ -1,0 +1,107 @@
+"""NCCL_ALGO and NCCL_PROTO as NCCL itself reads them, and what each value leaves enabled.
+
+A port of ``parseList`` in NVIDIA/nccl ``src/graph/tuning.cc`` (2.19+): entries are
+``;``-separated, each ``[collective:][^]name,name``; only the first may lack the
+collective prefix; names and prefixes are case-insensitive; an unknown name or prefix is
+``ncclInvalidUsage``. Validating with the same grammar accepts every value NCCL accepts
+and refuses the ones it would refuse at the first collective of every trial.
+
+A value that parses can still leave a collective with nothing NCCL implements: NCCL has
+no Tree for AllGather (DDP's constructor all-gathers, FSDP2 all-gathers parameters), so a
+global ``NCCL_ALGO=Tree`` fails every multi-GPU trial. :func:`uncovered` finds those from
+the static tables of ``ncclTopoTuneModel``; what the hardware lacks (NVLS without
+NVSwitch, PAT with several GPUs per node) the space's conditions keep out instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
+PROTOS = ("LL", "LL128", "Simple")
+ALGO_FUNCS: dict[str, frozenset[str]] = {
+    "Tree": frozenset({"AllReduce"}),
+    "Ring": frozenset(FUNCS),
+    "CollNetDirect": frozenset({"AllGather", "ReduceScatter", "AllReduce"}),
+    "CollNetChain": frozenset({"AllReduce"}),
+    "NVLS": frozenset({"AllGather", "ReduceScatter", "AllReduce"}),
+    "NVLSTree": frozenset({"AllReduce"}),
+    "PAT": frozenset({"AllGather", "ReduceScatter"}),
+}
+"""The collectives each algorithm implements (ncclTopoTuneModel skips the rest)."""
+SIMPLE_ONLY = frozenset({"CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"})
+"""Algorithms NCCL runs only with the Simple protocol (their LL/LL128 bandwidth is 0)."""
+AUTO = 2
+"""NCCL's initial LL128 state: enabled only where NCCL validated it (hardware, topology)."""
+
+State = dict[str, dict[str, int]]
+"""Per collective, per name: 0 disabled, 1 enabled, 2 (LL128 only) NCCL decides."""
+
+
+def _start(elems: tuple[str, ...]) -> State:
+    return {f: {e: AUTO if e == "LL128" else 1 for e in elems} for f in FUNCS}
+
+
+def _match(token: str, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if n.lower() == token.lower()), None)
+
+
+def parse_list(text: str, elems: tuple[str, ...]) -> State:
+    """What ``text`` enables per collective, or ValueError saying why NCCL would refuse it.
+
+    Empty pieces vanish as with C's ``strtok`` (``ring,,tree`` and ``ring;`` pass); a
+    third ``:`` field is ignored as NCCL ignores it.
+    """
+    state = _start(elems)
+    for match in re.finditer(r"[^;]+", text):
+        parts = [p for p in match.group().split(":") if p]
+        if not parts:
+            raise ValueError(f"entry {match.group()!r} has no names (NCCL crashes on it)")
+        if len(parts) == 1:
+            if match.start() != 0:
+                raise ValueError(
+                    f"entry {match.group()!r} lacks a collective prefix; only the first may"
+                )
+            prefix, names = None, parts[0]
+        else:
+            prefix, names = parts[0], parts[1]
+        funcs = FUNCS if prefix is None else (_match(prefix, FUNCS),)
+        if funcs == (None,):
+            raise ValueError(f"unknown collective {prefix!r}; use one of {', '.join(FUNCS)}")
+        negate = names.startswith("^")
+        chosen = [n for n in names.removeprefix("^").split(",") if n]
+        known = [_match(n, elems) for n in chosen]
+        if None in known:
+            bad = chosen[known.index(None)]
+            raise ValueError(f"unknown name {bad!r}; use one of {', '.join(elems)}")
+        for func in funcs:
+            state[func] = {e: int(negate != (e in known)) for e in elems}
+    return state
+
+
+def uncovered(algo: str | None, proto: str | None) -> list[str]:
+    """Collectives that ``NCCL_ALGO``/``NCCL_PROTO`` leave no algorithm/protocol pair for."""
+    algos = parse_list(algo, ALGOS) if algo else _start(ALGOS)
+    protos = parse_list(proto, PROTOS) if proto else _start(PROTOS)
+    return [
+        f
+        for f in FUNCS
+        if not any(
+            algos[f][a]
+            and f in ALGO_FUNCS[a]
+            and protos[f][p]
+            and (p == "Simple" or a not in SIMPLE_ONLY)
+            for a in ALGOS
+            for p in PROTOS
+        )
+    ]
+
+
+def forces_ll128(proto: str) -> list[str]:
+    """Collectives for which ``proto`` turns LL128 on outright (NCCL's 1, not its 2).
+
+    ``^LL`` does this too: an exclusion list enables every name it does not exclude.
+    """
+    state = parse_list(proto, PROTOS)
+    return [f for f in FUNCS if state[f]["LL128"] == 1]
