@@ -21,7 +21,9 @@ from train_fns.plan import FAULT_KINDS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.search", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m orchestrator.search", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--config", help="YAML config file (merged over the preset)")
     p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
     p.add_argument(

@@ -16,12 +16,14 @@ import asyncio
 import os
 import shlex
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import ConfigError, parse_env_items
+from orchestrator.config import parse_env_items
+from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {"search": "orchestrator.search", "train": "orchestrator.train"}
@@ -88,16 +90,30 @@ def refusal(address: str, error: str, had_token: bool) -> str:
     return f"{address}: {first}"
 
 
-def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:
-    """The job's argv, validated here as the cluster would, and its output folder there."""
+CONFIG_FLAGS = ("--config", "--preset", "--set")
+"""Job arguments that shape the config: applied here, then replaced by the staged config."""
+
+
+def job_command(args: argparse.Namespace, job_id: str, staging: Path) -> tuple[list[str], str]:
+    """The job's argv, validated here as the cluster would, and its output folder there.
+
+    With an upload, ``staging`` (a folder that does not exist yet) receives the working
+    directory, the resolved config and every local file it names (``staging.stage``), and the
+    job reads that config; without one, every path must be absolute (the cluster reads them).
+    """
     import importlib
 
     job_args = list(args.job_args)
     module = importlib.import_module(f"{COMMANDS[args.command]}.cli")
     parsed = module.parse_args(job_args)
-    module.check(parsed)
-    if parsed.config:
-        job_args = relocate(job_args, parsed.config, args)
+    checked = module.check(parsed)
+    config = checked[0] if isinstance(checked, tuple) else checked
+    if args.no_upload:
+        absolute_inputs(config)
+        job_args = _absolute_config(job_args)
+    else:
+        staged = stage(config, Path(args.working_dir), staging)
+        job_args = ["--config", staged.as_posix(), *_without_config_flags(job_args)]
     if not parsed.address:  # a job's driver joins the cluster it runs on
         job_args += ["--address", "auto"]
     out = parsed.out
@@ -107,21 +123,32 @@ def job_command(args: argparse.Namespace, job_id: str) -> tuple[list[str], str]:
     return ["python", "-m", COMMANDS[args.command], *job_args], out
 
 
-def relocate(job_args: list[str], config: str, args: argparse.Namespace) -> list[str]:
-    """Point ``--config`` at the uploaded copy (the job sees only the working directory), or
-    at the absolute path when nothing is uploaded (the cluster must see the same file)."""
-    path, working_dir = Path(config).resolve(), Path(args.working_dir)
-    if args.no_upload:
-        return [str(path) if a == config else a for a in job_args]
-    try:
-        inside = path.relative_to(working_dir.resolve())
-    except ValueError:
-        raise ConfigError(
-            "--config",
-            f"{config} is outside the uploaded folder {working_dir}; copy it there "
-            "(the job sees only that folder) or pass --working-dir",
-        ) from None
-    return [inside.as_posix() if a == config else a for a in job_args]
+def _without_config_flags(job_args: list[str]) -> list[str]:
+    """``job_args`` less ``--config``/``--preset``/``--set`` (either spelling, with values)."""
+    kept, skip = [], False
+    for arg in job_args:
+        if skip:
+            skip = False
+        elif arg in CONFIG_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in CONFIG_FLAGS)):
+            kept.append(arg)
+    return kept
+
+
+def _absolute_config(job_args: list[str]) -> list[str]:
+    """``--config PATH`` / ``--config=PATH`` with PATH made absolute (no upload: the cluster
+    must see the same file)."""
+    out, follows = [], False
+    for arg in job_args:
+        if follows:
+            arg, follows = str(Path(arg).expanduser().resolve()), False
+        elif arg == "--config":
+            follows = True
+        elif arg.startswith("--config="):
+            arg = f"--config={Path(arg.split('=', 1)[1]).expanduser().resolve()}"
+        out.append(arg)
+    return out
 
 
 def runtime_env_for(upload: bool, working_dir: str) -> dict:
@@ -146,8 +173,15 @@ def submit_when_ready(jobs, wait_s: float = AGENT_WAIT_S, **job: Any) -> None:
 
 def submit(args: argparse.Namespace) -> int:
     job_id = f"commtune-{args.command}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    argv, out = job_command(args, job_id)
-    runtime_env = runtime_env_for(not args.no_upload, args.working_dir)
+    with tempfile.TemporaryDirectory(prefix="commtune-job-") as tmp:
+        staging = Path(tmp) / "job"
+        argv, out = job_command(args, job_id, staging)
+        return _submit(args, job_id, argv, out, str(staging))
+
+
+def _submit(args: argparse.Namespace, job_id: str, argv: list[str], out: str, staged: str) -> int:
+    """Submit the job (its working directory is uploaded from ``staged``), then follow it."""
+    runtime_env = runtime_env_for(not args.no_upload, staged)
     env = parse_env_items(args.env, "--env")
     if env:
         runtime_env["env_vars"] = env

@@ -27,6 +27,7 @@ from train_fns.elastic import STATE_FILE
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__,
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--config", help="a complete config, e.g. runs/<study>/best.yaml")
     p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")

@@ -5,45 +5,90 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+import search_spaces
 from orchestrator.config import ConfigError, parse_env_items
 from orchestrator.submit import cli, jobs, transfer
 
+STAGED = ["--config", "_commtune_inputs/config.yaml"]
 
-def test_job_arguments_pass_through_and_get_a_cluster_folder() -> None:
-    args = cli.parse_args(["search", "--preset", "smoke", "--trials", "2", "--follow"])
-    argv, out = jobs.job_command(args, "job-1")
-    assert args.follow
+
+def small_project(tmp_path: Path) -> Path:
+    """A stand-in working directory (the real project would be copied whole)."""
+    root = tmp_path / "project"
+    (root / "runs").mkdir(parents=True)
+    (root / "runs" / "old.csv").write_text("outputs stay behind\n")
+    (root / "code.py").write_text("x = 1\n")
+    return root
+
+
+def job(tmp_path: Path, *argv: str) -> tuple[list[str], str, Path]:
+    args = cli.parse_args(list(argv))
+    args.working_dir = str(small_project(tmp_path))
+    staging = tmp_path / "staged"
+    command, out = jobs.job_command(args, "job-1", staging)
+    return command, out, staging
+
+
+def staged_config(staging: Path) -> dict:
+    return yaml.safe_load((staging / "_commtune_inputs" / "config.yaml").read_text())
+
+
+def test_job_arguments_pass_through_and_get_a_cluster_folder(tmp_path: Path) -> None:
+    argv, out, staging = job(tmp_path, "search", "--preset", "smoke", "--trials", "2", "--follow")
     assert argv[:3] == ["python", "-m", "orchestrator.search"]
-    assert argv[3:] == [
-        "--preset", "smoke", "--trials", "2", "--address", "auto", "--out", out,
-    ]  # fmt: skip
+    assert argv[3:] == [*STAGED, "--trials", "2", "--address", "auto", "--out", out]
     assert out == "~/commtune-runs/job-1"
+    assert staged_config(staging)["name"] == "smoke"  # the preset, resolved here
+    assert (staging / "code.py").is_file() and not (staging / "runs").exists()
 
 
-def test_job_arguments_are_checked_before_submitting() -> None:
-    args = cli.parse_args(["search", "--preset", "smoke", "--set", "search.trails=3"])
+def test_job_arguments_are_checked_before_submitting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="search.trials"):
-        jobs.job_command(args, "job-1")
+        job(tmp_path, "search", "--preset", "smoke", "--set", "search.trails=3")
 
 
-def test_an_explicit_out_is_kept() -> None:
-    args = cli.parse_args(["search", "--preset", "smoke", "--out", "/mnt/shared/runs/a"])
-    argv, out = jobs.job_command(args, "job-1")
+def test_an_explicit_out_is_kept(tmp_path: Path) -> None:
+    argv, out, _ = job(tmp_path, "search", "--preset", "smoke", "--out", "/mnt/shared/runs/a")
     assert out == "/mnt/shared/runs/a" and argv.count("--out") == 1
 
 
-def test_config_file_is_rewritten_relative_to_the_upload(tmp_path: Path) -> None:
-    cfg = tmp_path / "conf" / "my.yaml"
-    cfg.parent.mkdir()
-    cfg.write_text("name: mine\n")
-    args = cli.parse_args(["search", "--preset", "smoke", "--config", str(cfg)])
-    args.working_dir = str(tmp_path)
-    argv, _ = jobs.job_command(args, "job-1")
-    assert argv[argv.index("--config") + 1] == "conf/my.yaml"
-    args.working_dir = str(tmp_path / "conf" / "elsewhere")
-    with pytest.raises(ConfigError, match="outside the uploaded folder"):
-        jobs.job_command(args, "job-1")
+@pytest.mark.parametrize("spelling", ["--config", "--config="])
+def test_configs_and_the_files_they_name_go_with_the_job(tmp_path: Path, spelling: str) -> None:
+    """Outside the project, given as --config PATH or --config=PATH, with a workload file, a
+    space file and --set on top: all resolved here and shipped, paths rewritten."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "wl.py").write_text(
+        "import torch\nfrom torch import nn\n\ndef make_workload(ctx):\n"
+        "    return {'model': nn.Linear(2, 1), 'batch': lambda i: torch.ones(len(i), 2),\n"
+        "            'loss': lambda m, b: m(b).sum()}\n"
+    )
+    (user / "mine.yaml").write_text((Path(search_spaces.__file__).parent / "ddp.yaml").read_text())
+    cfg = user / "my.yaml"
+    cfg.write_text(
+        f"name: mine\nworkload: {{entrypoint: {user / 'wl.py'}:make_workload}}\n"
+        f"search: {{spaces: [accumulation, {user / 'mine.yaml'}]}}\n"
+    )
+    flag = [f"--config={cfg}"] if spelling.endswith("=") else ["--config", str(cfg)]
+    argv, _, staging = job(tmp_path, "search", *flag, "--set", "search.trials=5")
+    assert argv[3:5] == STAGED and str(cfg) not in " ".join(argv) and "--set" not in argv
+    config = staged_config(staging)
+    assert config["search"]["trials"] == 5 and config["name"] == "mine"
+    entry = config["workload"]["entrypoint"]
+    assert entry == "_commtune_inputs/workload/wl.py:make_workload"
+    assert (staging / entry.split(":")[0]).read_text() == (user / "wl.py").read_text()
+    assert config["search"]["spaces"] == ["accumulation", "_commtune_inputs/spaces/1-mine.yaml"]
+    assert (staging / config["search"]["spaces"][1]).is_file()
+
+
+def test_a_missing_input_is_refused_before_submitting(tmp_path: Path) -> None:
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(f"name: mine\nsearch: {{spaces: [{tmp_path / 'gone.yaml'}]}}\n")
+    with pytest.raises(ConfigError) as info:
+        job(tmp_path, "search", "--config", str(cfg))
+    assert info.value.key.startswith("search.spaces")
 
 
 @pytest.mark.parametrize(
@@ -106,24 +151,32 @@ def test_refusals_say_what_to_do() -> None:
     assert "ray dashboard" in jobs.refusal("http://h:8265", "Failed to connect to API", False)
 
 
-def test_without_upload_the_config_path_is_absolute(tmp_path: Path) -> None:
+def test_without_upload_the_config_path_is_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = tmp_path / "my.yaml"
     cfg.write_text("name: mine\n")
-    args = cli.parse_args(["search", "--no-upload", "--preset", "smoke", "--config", str(cfg)])
-    args.working_dir = str(tmp_path / "elsewhere")  # not used: nothing is uploaded
-    argv, _ = jobs.job_command(args, "job-1")
-    assert argv[argv.index("--config") + 1] == str(cfg.resolve())
+    args = cli.parse_args(["search", "--no-upload", "--preset", "smoke", f"--config={cfg}"])
+    argv, _ = jobs.job_command(args, "job-1", tmp_path / "unused")
+    assert f"--config={cfg.resolve()}" in argv and not (tmp_path / "unused").exists()
     assert jobs.runtime_env_for(False, args.working_dir) == {}
+    monkeypatch.chdir(tmp_path)
+    rel = cli.parse_args(["search", "--no-upload", "--preset", "smoke", "--set",
+                          "search.spaces=[strategy, accumulation, rel/mine.yaml]"])  # fmt: skip
+    (tmp_path / "rel").mkdir()
+    ddp = Path(search_spaces.__file__).parent / "ddp.yaml"
+    (tmp_path / "rel" / "mine.yaml").write_text(ddp.read_text())
+    with pytest.raises(ConfigError, match="relative"):
+        jobs.job_command(rel, "job-1", tmp_path / "unused")
 
 
-def test_a_training_run_is_a_job_too() -> None:
-    args = cli.parse_args(["train", "--preset", "smoke", "--steps", "50", "--workers", "1:2"])
-    argv, out = jobs.job_command(args, "job-2")
+def test_a_training_run_is_a_job_too(tmp_path: Path) -> None:
+    argv, out, _ = job(tmp_path, "train", "--preset", "smoke", "--steps", "50", "--workers", "1:2")
+    out = out.replace("job-1", "job-2")
     assert argv[:3] == ["python", "-m", "orchestrator.train"]
-    assert argv[-4:] == ["--address", "auto", "--out", "~/commtune-runs/job-2"]
-    bad = cli.parse_args(["train", "--preset", "smoke", "--workers", "2:1"])
+    assert argv[-4:] == ["--address", "auto", "--out", "~/commtune-runs/job-1"]
     with pytest.raises(ConfigError, match="--workers"):
-        jobs.job_command(bad, "job-3")
+        job(tmp_path / "bad", "train", "--preset", "smoke", "--workers", "2:1")
 
 
 def test_submission_waits_for_a_fresh_heads_job_agent(
