@@ -43,6 +43,7 @@ from orchestrator.costmodel import (
     Link,
     bus_factor,
 )
+from search_spaces._yaml import load_yaml, read_capped
 
 log = logging.getLogger("commtune")
 
@@ -518,9 +519,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    data = (
-        json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    )
+    text = read_capped(path)  # a run folder may come from someone else: capped, guarded
+    data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     if not isinstance(data, dict):
         raise ValueError(f"expected a mapping, got {type(data).__name__}")
     return data

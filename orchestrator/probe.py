@@ -26,6 +26,7 @@ from typing import Any
 
 from orchestrator.config import Config, ConfigError, WorkloadConfig, load_config
 from orchestrator.costmodel import OPS, bus_factor
+from orchestrator.inputs import check_out_dir
 
 COLUMNS = (
     "op",
@@ -347,6 +348,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, ProbeSettings]:
     env = parse_env(args.env)
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"got {args.workers}; it must be at least 1")
+    check_out_dir(Path(args.out))
     base = load_config(args.config) if args.config else Config()
     return probe_config(base, args.workers, args.address, args.backend, env), settings
 

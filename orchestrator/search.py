@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.inputs import check_out_dir
 from orchestrator.study import STUDY_DB
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
@@ -119,6 +120,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
     config, faults = check(args)
     out = output_dir(args, config)
+    check_out_dir(out)
     if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
         raise ConfigError(
             "--out",

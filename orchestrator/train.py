@@ -22,11 +22,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.runlog import RunLog, RunRelay
-from train_fns.elastic import STATE_FILE, RunSpec
+from orchestrator.inputs import check_out_dir
+from train_fns.metrics import STATE_FILE
+
+if TYPE_CHECKING:  # ray.train and torch load only once a run starts (a bad input exits fast)
+    from orchestrator.runlog import RunLog, RunRelay
+    from train_fns.elastic import RunSpec
 
 RUN_NAME = "train"
 """Ray Train run name inside ``--out``: a second start with the same name resumes it."""
@@ -79,6 +83,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     """Everything that can fail on user input, checked before Ray starts."""
     config = check(args)
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
+    check_out_dir(out)
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "
@@ -88,10 +93,16 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
 
 def latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     """(step, folder) of the newest complete checkpoint under ``out`` (None: there is none)."""
-    found = [
-        (json.loads(p.read_text())["step"], p.parent)
-        for p in (out / RUN_NAME).glob(f"*/{STATE_FILE}")
-    ]
+    found = []
+    for p in (out / RUN_NAME).glob(f"*/{STATE_FILE}"):
+        try:
+            step = json.loads(p.read_text())["step"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError("--out", f"{p} is unreadable ({type(e).__name__}); remove that "
+                              "checkpoint folder or choose another --out") from e  # fmt: skip
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ConfigError("--out", f"{p} holds step={step!r}; remove that checkpoint folder")
+        found.append((step, p.parent))
     return max(found, default=None)
 
 
@@ -105,6 +116,7 @@ def worker_counts(config: Config) -> tuple[int, int]:
 def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSpec, dict[str, str]]:
     """The tuned plan for the largest world size, and what every worker is told."""
     from orchestrator.trial import plan_from_config
+    from train_fns.elastic import RunSpec
 
     train = config.train
     _, high = worker_counts(config)
@@ -171,6 +183,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
 
     from orchestrator.callbacks import driver_queue
     from orchestrator.driver import check_capacity, quiet_libraries, resolve_gpu, start_ray
+    from orchestrator.runlog import RunLog, RunRelay
     from orchestrator.trial import resolve_task
 
     low, high = worker_counts(config)
