@@ -19,10 +19,12 @@ import yaml
 
 from orchestrator.inputs import (
     ConfigError,
+    check_address,
     check_choice,
     check_finite,
     check_name,
     check_range,
+    check_storage,
     check_tuned,
     check_workload,
     parse_set,
@@ -274,6 +276,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     numbers and out-of-range values; then check the model and files it names (cheap first)."""
     check_finite(data, "")
     config = _build(Config, data, "")
+    check_address(config.cluster.address)
+    check_storage(config.search.storage)
     check_workload(config.workload)
     return config
 

@@ -169,6 +169,45 @@ def check_out_dir(out: Path, key: str = "--out") -> None:
                           "another path") from e  # fmt: skip
 
 
+def check_storage(url: str | None, key: str = "search.storage") -> None:
+    """An Optuna storage URL that parses, and whose local file's folder exists (SQLite and
+    journal files are not made in a missing folder: that failed after Ray had started).
+    A database server is not contacted here: it may be reachable only from the cluster."""
+    if url is None:
+        return
+    if url.endswith((".log", ".journal")) and "://" not in url:
+        path = Path(url).expanduser()
+    else:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError) as e:
+            raise ConfigError(
+                key,
+                f"not a storage URL ({e}); use e.g. sqlite:///runs/study.db, "
+                "postgresql://HOST/DB or a .log file",
+            ) from e
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+            return
+        path = Path(parsed.database).expanduser()
+    if not path.parent.is_dir():
+        raise ConfigError(key, f"{path.parent} is not a folder; create it or use another path")
+
+
+ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}|auto|local")
+
+
+def check_address(address: str | None, key: str = "cluster.address") -> None:
+    """``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` (a typo made Ray retry for minutes)."""
+    if address is None:
+        return
+    port = address.rpartition(":")[2]
+    if not ADDRESS.fullmatch(address) or (port.isdigit() and not 0 < int(port) < 65536):
+        raise ConfigError(key, f"got {address!r}; use auto, HOST:PORT or ray://HOST:PORT")
+
+
 def check_report_path(out: Path, key: str = "--out") -> None:
     """A file commtune will write: not a folder, in a folder it can create or write."""
     if out.is_dir():

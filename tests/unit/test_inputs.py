@@ -103,6 +103,11 @@ BAD = [
     (["--set", "workload.data={d}"], "workload.data", "not a readable file"),
     (["--set", "workload.tokenizer=/no/such/dir"], "workload.tokenizer", "not a folder"),
     (["--set", "env.NCCL_X=" + "[" * 40 + "]" * 40], "--set env.NCCL_X", "nesting"),
+    (["--storage", "not-a-url"], "search.storage", "not a storage URL"),
+    (["--storage", "sqlite:////no/such/dir/study.db"], "search.storage", "not a folder"),
+    (["--storage", "/no/such/dir/study.log"], "search.storage", "not a folder"),
+    (["--address", "no-such-host:1x"], "cluster.address", "HOST:PORT"),
+    (["--address", "host:70000"], "cluster.address", "HOST:PORT"),
 ]
 
 
