@@ -90,7 +90,7 @@ def read_yaml(path: Path, key: str) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror}; check the path") from e
     except ValueError as e:  # too large, not a regular file, not UTF-8
-        raise ConfigError(key, f"cannot read {e}; pass a YAML config file") from e
+        raise ConfigError(key, f"{e}; pass a YAML config file") from e
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:
