@@ -103,6 +103,8 @@ BAD = [
     (["--set", "workload.data={d}"], "workload.data", "not a readable file"),
     (["--set", "workload.tokenizer=/no/such/dir"], "workload.tokenizer", "not a folder"),
     (["--set", "env.NCCL_X=" + "[" * 40 + "]" * 40], "--set env.NCCL_X", "nesting"),
+    (["--set", "search.spaces=[strategy, {d}/bomb-tuned.yaml]"], "search.spaces", "aliases"),
+    (["--set", "search.spaces=[strategy, {d}/big.yaml]"], "search.spaces", "1024 KiB"),
     (["--storage", "not-a-url"], "search.storage", "not a storage URL"),
     (["--storage", "sqlite:////no/such/dir/study.db"], "search.storage", "not a folder"),
     (["--storage", "/no/such/dir/study.log"], "search.storage", "not a folder"),
