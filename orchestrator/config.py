@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,18 +17,59 @@ from typing import Any
 
 import yaml
 
+from orchestrator.inputs import (
+    ConfigError,
+    check_address,
+    check_choice,
+    check_finite,
+    check_name,
+    check_range,
+    check_storage,
+    check_tuned,
+    check_workload,
+    parse_set,
+    read_yaml,
+)
+
 PRESET_DIR = Path(__file__).parent / "presets"
 SAMPLERS = ("staged", "tpe", "random", "grid")
 STRATEGY_MODES = ("ddp", "fsdp", "search")
 USE_GPU_VALUES = ("auto", True, False)
-
-
-class ConfigError(ValueError):
-    """A user error in the configuration; ``key`` is the dotted path at fault."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
+_DAY_S, _MAX_WORKERS, _MAX_STEPS = 86_400, 16_384, 10**9
+BOUNDS: dict[str, tuple[float, float]] = {
+    "workload.seq_len": (1, 1 << 20),
+    "workload.global_batch": (1, 1 << 20),
+    "workload.lr": (1e-12, 10.0),
+    "cluster.num_workers": (1, _MAX_WORKERS),
+    "cluster.cpus_per_worker": (0.01, 1024.0),
+    "search.trials": (1, 100_000),
+    "search.seed": (0, 2**32 - 1),  # what numpy (Optuna's samplers) accepts
+    "search.warmup_steps": (1, 100_000),  # >= 1: start-up costs are never measured
+    "search.measure_steps": (1, 1_000_000),
+    "search.windows": (1, 10_000),
+    "search.trial_timeout_s": (1.0, 7.0 * _DAY_S),
+    "search.step_deadline_s": (1.0, 7.0 * _DAY_S),
+    "search.time_budget_min": (0.01, 365.0 * 24 * 60),
+    "search.remeasure_top": (0, 1000),
+    "search.group_size": (1, 10_000),
+    "search.concurrency": (1, 1024),
+    "search.cost_model_seeds": (0, 1000),
+    "train.steps": (1, _MAX_STEPS),
+    "train.checkpoint_every": (1, _MAX_STEPS),
+    "train.min_workers": (1, _MAX_WORKERS),
+    "train.max_workers": (1, _MAX_WORKERS),
+    "train.max_failures": (0, 10_000),
+    "train.max_grad_norm": (1e-6, 1e6),
+    "train.max_accumulation": (1, 4096),
+    "train.adaptive_window": (1, 1_000_000),
+    "train.resize_check_s": (0.1, float(_DAY_S)),
+    "train.start_timeout_s": (1.0, float(_DAY_S)),
+    "train.grad_norm_every": (1, _MAX_STEPS),
+    "train.log_every": (1, _MAX_STEPS),
+}
+"""Sane range of every number in the config (ints where both ends are ints)."""
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+"""Plain decimal numbers only: ``nan``, ``inf`` and ``1_000`` stay refused."""
 
 
 @dataclass
@@ -49,53 +91,14 @@ class WorkloadConfig:
     entrypoint: str | None = None
     """Your own workload: ``path/to/file.py:make_workload`` or ``package.module:make_workload``
     (see ``train_fns.workload``); ``model``, ``task``, ``data`` and ``tokenizer`` then do not
-    apply. Checked on the driver (``plans.check_workload``) before Ray starts."""
+    apply. Checked on the driver (``plans.check_entrypoint``) before Ray starts."""
     options: dict[str, Any] = field(default_factory=dict)
     """Passed to your ``make_workload`` as ``ctx.options``."""
 
     def __post_init__(self) -> None:
-        if self.entrypoint is not None:
-            self._check_entrypoint()
-        else:
-            self._check_model()
-        _check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
-        _check_positive("workload.seq_len", self.seq_len)
-        _check_positive("workload.global_batch", self.global_batch)
-        _check_positive("workload.lr", self.lr)
-
-    def _check_entrypoint(self) -> None:
-        module, sep, name = str(self.entrypoint).rpartition(":")
-        if not isinstance(self.entrypoint, str) or not sep or not module or not name.isidentifier():
-            raise ConfigError(
-                "workload.entrypoint",
-                f"{self.entrypoint!r} is not MODULE:FUNCTION; e.g. my_workload.py:make_workload "
-                "or my_package.my_module:make_workload",
-            )
-        if not isinstance(self.options, dict):
-            raise ConfigError("workload.options", f"{self.options!r} is not a mapping")
-        if self.task is not None or self.data != "synthetic" or self.tokenizer is not None:
-            raise ConfigError(
-                "workload.entrypoint",
-                "task, data and tokenizer belong to the built-in models; your make_workload "
-                "gives its own batches (drop them, or pass what you need in workload.options)",
-            )
-
-    def _check_model(self) -> None:
-        from train_fns.models import is_known_model
-
-        if not is_known_model(self.model):
-            raise ConfigError(
-                "workload.model",
-                f"unknown model {self.model!r}; use a preset (bert-large, bert-base, bert-mini, "
-                "bert-tiny, gpt2), an HF model type such as 'roberta', or a local directory "
-                "with config.json",
-            )
-        _check_choice("workload.task", self.task, ("mlm", "clm", None))
-        if self.data != "synthetic" and not Path(self.data).is_file():
-            raise ConfigError(
-                "workload.data",
-                f"{self.data!r} is not a file; use 'synthetic' or a local .txt/.jsonl file",
-            )
+        _check_bounds(self, "workload")
+        check_choice("workload.task", self.task, ("mlm", "clm", None))
+        check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
 
 
 @dataclass
@@ -116,9 +119,8 @@ class ClusterConfig:
     a CPU head that cannot see the workers' topology."""
 
     def __post_init__(self) -> None:
-        _check_positive("cluster.num_workers", self.num_workers)
-        _check_positive("cluster.cpus_per_worker", self.cpus_per_worker)
-        _check_choice("cluster.use_gpu", self.use_gpu, USE_GPU_VALUES)
+        _check_bounds(self, "cluster")
+        check_choice("cluster.use_gpu", self.use_gpu, USE_GPU_VALUES)
 
 
 @dataclass
@@ -169,28 +171,8 @@ class SearchConfig:
     could otherwise write one into best.env."""
 
     def __post_init__(self) -> None:
-        _check_positive("search.trials", self.trials)
-        _check_choice("search.sampler", self.sampler, SAMPLERS)
-        _check_positive("search.measure_steps", self.measure_steps)
-        _check_positive("search.windows", self.windows)
-        _check_positive("search.group_size", self.group_size)
-        _check_positive("search.concurrency", self.concurrency)
-        if self.cost_model_seeds < 0:
-            raise ConfigError(
-                "search.cost_model_seeds", f"got {self.cost_model_seeds}; use 0 (none) or more"
-            )
-        _check_positive("search.trial_timeout_s", self.trial_timeout_s)
-        _check_positive("search.step_deadline_s", self.step_deadline_s)
-        if self.time_budget_min is not None:
-            _check_positive("search.time_budget_min", self.time_budget_min)
-        if self.remeasure_top < 0:
-            raise ConfigError("search.remeasure_top", f"got {self.remeasure_top}; use 0 or more")
-        if self.warmup_steps < 1:
-            raise ConfigError(
-                "search.warmup_steps",
-                f"got {self.warmup_steps}; at least 1 warm-up step is needed so that start-up "
-                "costs are never measured",
-            )
+        _check_bounds(self, "search")
+        check_choice("search.sampler", self.sampler, SAMPLERS)
         if self.windows > self.measure_steps:
             raise ConfigError(
                 "search.windows",
@@ -200,10 +182,6 @@ class SearchConfig:
 
 
 ON_NO_SPLIT = ("wait", "fail")
-_TRAIN_POSITIVE = (
-    "steps", "checkpoint_every", "max_grad_norm", "max_accumulation", "adaptive_window",
-    "resize_check_s", "start_timeout_s", "grad_norm_every", "log_every",
-)  # fmt: skip
 
 
 @dataclass
@@ -238,11 +216,8 @@ class TrainConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        for key in _TRAIN_POSITIVE:
-            _check_positive(f"train.{key}", getattr(self, key))
-        _check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
-        if self.max_failures < 0:
-            raise ConfigError("train.max_failures", f"got {self.max_failures}; use 0 or more")
+        _check_bounds(self, "train")
+        check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
         if (self.min_workers is None) != (self.max_workers is None):
             raise ConfigError(
                 "train.min_workers", "set both min_workers and max_workers, or neither"
@@ -272,7 +247,9 @@ class Config:
     """Parameters chosen by a search (written into best.yaml); empty means defaults."""
 
     def __post_init__(self) -> None:
-        _check_choice("strategy", self.strategy, STRATEGY_MODES)
+        check_name("name", self.name)
+        check_choice("strategy", self.strategy, STRATEGY_MODES)
+        check_tuned(self.tuned)
         from search_spaces import SpaceError, env_strings
 
         try:  # YAML true/false/null become what NCCL reads: 1/0/unset
@@ -288,25 +265,35 @@ class Config:
                 f"{self.cluster.num_workers} "
                 f"(e.g. {self.cluster.num_workers * max(1, per_worker)})",
             )
+        accumulation = self.tuned.get("accumulation_steps", 1)
+        if per_worker % accumulation:
+            raise ConfigError("tuned.accumulation_steps", f"{accumulation} does not divide the "
+                              f"per-worker batch {per_worker}; use a divisor of it")  # fmt: skip
+        if accumulation > 1 and self.tuned.get("static_graph"):
+            raise ConfigError("tuned.static_graph", "true breaks with accumulation in torch "
+                              "(pytorch#143580); set it false or accumulation_steps 1")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _check_positive(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(key, f"got {value!r}; it must be a positive number")
-
-
-def _check_choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        shown = ", ".join("null" if c is None else str(c).lower() for c in choices)
-        raise ConfigError(key, f"got {value!r}; use one of: {shown}")
+def _check_bounds(section: Any, name: str) -> None:
+    """Every number of a section within BOUNDS (a typo'd 10^9 batch is refused, not run)."""
+    for f in dataclasses.fields(section):
+        key, value = f"{name}.{f.name}", getattr(section, f.name)
+        if key in BOUNDS and value is not None:
+            check_range(key, value, *BOUNDS[key])
 
 
 def from_dict(data: dict[str, Any]) -> Config:
-    """Build a Config from nested plain data, rejecting unknown keys and wrong types."""
-    return _build(Config, data, "")
+    """Build a Config from nested plain data, rejecting unknown keys, wrong types, non-finite
+    numbers and out-of-range values; then check the model and files it names (cheap first)."""
+    check_finite(data, "")
+    config = _build(Config, data, "")
+    check_address(config.cluster.address)
+    check_storage(config.search.storage)
+    check_workload(config.workload)
+    return config
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -352,6 +339,8 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
         return dict(value)  # env's values are converted and checked by Config
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads 1e-4 (no dot, no exponent sign) as a string
     if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):
         raise ConfigError(path, f"expected {hint.__name__}, got {value!r}")
     return value
@@ -366,59 +355,6 @@ def default_preset() -> str:
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def read_yaml(path: Path, key: str) -> dict[str, Any]:
-    """Read a YAML mapping; a syntax error is a ConfigError naming the file and line."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(key, f"cannot read {path}: {e.strerror}; check the path") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(key, f"malformed YAML in {path}{where}: {problem}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(key, f"{path} must hold a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def parse_set(item: str) -> tuple[list[str], Any]:
-    """Parse one ``--set a.b=value``; the value is YAML (``8`` is an int, ``true`` a bool)."""
-    if "=" not in item:
-        raise ConfigError("--set", f"{item!r} is not KEY=VALUE; e.g. --set search.trials=8")
-    key, raw = item.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise ConfigError("--set", f"{item!r} has an empty key; e.g. --set search.trials=8")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return parts, value
-
-
-def parse_env_items(items: list[str], key: str) -> dict[str, str]:
-    """``NAME=VALUE`` command-line items (``key`` is the option) -> a dict held to the
-    environment allow-list and value checks, as a config's ``env:`` is (unsafe NCCL values
-    only through a config with ``search.unsafe_nccl: true``)."""
-    from search_spaces import SpaceError, env_strings
-
-    env: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(key, f"{item!r} is not NAME=VALUE; e.g. {key} NCCL_BUFFSIZE=8388608")
-        env[name.strip()] = value
-    try:
-        return env_strings(env)
-    except SpaceError as e:
-        raise ConfigError(f"{key} {e.key}" if e.key else key, e.message) from e
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class WorkloadShape:
     num_blocks: int
 
 
-def check_workload(config: Config) -> WorkloadShape | None:
+def check_entrypoint(config: Config) -> WorkloadShape | None:
     """Import a user workload's entrypoint and build it once on CPU (rank 0), before Ray
     starts: a missing file or function, an import error, a raising ``make_workload`` or a
     return value without ``model``/``batch``/``loss`` is a ConfigError naming the key.

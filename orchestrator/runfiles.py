@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
+from search_spaces._yaml import load_yaml, read_capped
 
 log = logging.getLogger("commtune")
 
@@ -27,6 +27,8 @@ PROBE_CSV = "probe.csv"
 SEARCH_FILES = ("trials.csv", "best.yaml", STUDY_DB, "remeasure.csv", PROBE_CSV, RUN_INFO)
 TRAIN_FILES = ("summary.json", "progress.csv", "grad_norms.csv")
 KNOWN_FILES = SEARCH_FILES + TRAIN_FILES
+TRAIN_RUN_NAME = "train"
+"""Ray Train run name inside a training run's folder: a second start with it resumes it."""
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -59,9 +61,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def read_mapping(path: Path) -> dict[str, Any]:
     """A JSON or YAML file that must hold a mapping (ValueError otherwise)."""
-    data = (
-        json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    )
+    text = read_capped(path)  # a run folder may come from someone else: capped, guarded
+    data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     if not isinstance(data, dict):
         raise ValueError(f"expected a mapping, got {type(data).__name__}")
     return data

@@ -20,6 +20,7 @@ from ._spec import (
     check_feasible,
     check_socket_rule,
 )
+from ._yaml import load_yaml, read_capped
 
 SHIPPED_DIR = Path(__file__).parent
 _TOP_KEYS = {"name", "description", "when", "why_inactive", "params", "constraints"}
@@ -30,34 +31,17 @@ def shipped_space_names() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (YAML would silently keep the last one)."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if isinstance(key, (str, int, float, bool)) and key in seen:
-            raise yaml.MarkedYAMLError(
-                problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path)
     except OSError as e:
         raise SpaceError(
             str(path), f"cannot read ({e.strerror}); shipped spaces: {shipped_space_names()}"
         ) from None
+    except ValueError as e:  # too large, not a regular file, not UTF-8
+        raise SpaceError(str(path), f"cannot read: {e}") from None
     try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+        return load_yaml(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"

@@ -28,9 +28,9 @@ import torch
 
 from train_fns import metrics as m
 from train_fns.adaptive import Split
+from train_fns.metrics import STATE_FILE
 from train_fns.plan import TrialPlan, resplit
 
-STATE_FILE = "train_state.json"
 RNG_SCHEME = "torch.manual_seed(step_seed(seed, step, rank)) before every step"
 NO_SPLIT_POLL_S = 10.0
 

@@ -106,3 +106,6 @@ HANG_EXIT_CODE = 75
 ``TrialPlan.step_deadline_s`` (a hang, e.g. a peer stuck in a collective)."""
 WATCHDOG_PREFIX = "commtune watchdog:"
 """Start of the one stderr line the watchdog prints before ending a hung worker."""
+STATE_FILE = "train_state.json"
+"""A training checkpoint's state file; the driver reads it before Ray starts (here, not in
+``train_fns.elastic``, so that reading it does not import torch)."""

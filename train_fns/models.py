@@ -7,7 +7,6 @@ that holds weights is loaded from disk.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,51 +24,12 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from train_fns.model_presets import MODEL_PRESETS, POSITION_KEYS, local_dir
 from train_fns.plan import InfeasiblePlan, TrialPlan
-
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "bert-large": {
-        "model_type": "bert",
-        "hidden_size": 1024,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
-        "intermediate_size": 4096,
-        "task": "mlm",
-    },
-    "bert-base": {"model_type": "bert", "task": "mlm"},
-    "bert-mini": {
-        "model_type": "bert",
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "intermediate_size": 1024,
-        "task": "mlm",
-    },
-    "bert-tiny": {
-        "model_type": "bert",
-        "hidden_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 512,
-        "task": "mlm",
-    },
-    "gpt2": {"model_type": "gpt2", "task": "clm"},
-}
-"""Preset name -> ``model_type``, HF config kwargs and the default ``task``."""
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 ATTN_IMPLEMENTATION = "sdpa"
 """SDPA runs on CPU and GPU and is what real runs use; eager would distort the timings."""
-
-
-def _local_dir(model: str) -> Path | None:
-    path = Path(model).expanduser()
-    return path if (path / "config.json").is_file() else None
-
-
-def is_known_model(name: str) -> bool:
-    """Cheap check for the driver's config validation: nothing is built or downloaded."""
-    return name in MODEL_PRESETS or _local_dir(name) is not None or name in CONFIG_MAPPING_NAMES
 
 
 def resolve_model_config(model: str, overrides: dict[str, Any]) -> PretrainedConfig:
@@ -81,7 +41,7 @@ def resolve_model_config(model: str, overrides: dict[str, Any]) -> PretrainedCon
         preset = {k: v for k, v in MODEL_PRESETS[model].items() if k != "task"}
         model_type = preset.pop("model_type")
         return AutoConfig.for_model(model_type, **{**preset, **overrides})
-    local = _local_dir(model)
+    local = local_dir(model)
     if local is not None:
         return AutoConfig.from_pretrained(local, local_files_only=True, **overrides)
     if model in CONFIG_MAPPING_NAMES:
@@ -104,7 +64,7 @@ def default_task(config: PretrainedConfig) -> str:
 
 def max_positions(config: PretrainedConfig) -> int | None:
     """The longest sequence the position embeddings cover (None: the config does not say)."""
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+    for key in POSITION_KEYS:
         value = getattr(config, key, None)
         if isinstance(value, int):
             return value
@@ -144,7 +104,7 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
         config.use_cache = False  # training never reads a KV cache; building one costs memory
     torch.manual_seed(plan.seed)
     cls = model_class(plan.task)
-    local = _local_dir(plan.model)
+    local = local_dir(plan.model)
     if local is not None and any((local / name).is_file() for name in WEIGHT_FILES):
         model = cls.from_pretrained(
             local,

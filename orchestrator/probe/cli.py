@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, load_config, parse_env_items
+from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.costmodel import bus_factor
+from orchestrator.inputs import check_out_dir, parse_env_items
 from orchestrator.probe.sweep import (
     CPU_SIZES,
     GPU_SIZES,
@@ -88,6 +89,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, ProbeSettings]:
     env = parse_env_items(args.env, "--env")
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"got {args.workers}; it must be at least 1")
+    check_out_dir(Path(args.out))
     base = load_config(args.config) if args.config else Config()
     return probe_config(base, args.workers, args.address, args.backend, env), settings
 

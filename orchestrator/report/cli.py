@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import doctor
+from orchestrator.inputs import ConfigError, check_report_path
 from orchestrator.report.page import render
 
 
@@ -26,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     # the training folder first: its summary/grad norms win over a stale DIR/train
     record = doctor.collect(([args.train] if args.train else []) + [args.dir])
     out = args.out or args.dir / "report.html"
+    try:
+        check_report_path(out)
+    except ConfigError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(record, args.dir))
     print(f"report: wrote {out}")
     return 0

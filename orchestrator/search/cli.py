@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.plans import check_workload
+from orchestrator.inputs import check_out_dir
+from orchestrator.plans import check_entrypoint
 from orchestrator.runfiles import STUDY_DB
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
@@ -109,7 +110,7 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     except SpaceError as e:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     faults = parse_faults(args.inject_faults)
-    check_workload(config)
+    check_entrypoint(config)
     return config, faults
 
 
@@ -125,6 +126,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
     config, faults = check(args)
     out = output_dir(args, config)
+    check_out_dir(out)
     if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
         raise ConfigError(
             "--out",

@@ -21,16 +21,17 @@ from orchestrator.costmodel import (
     compute_s_per_sample,
     rank_candidates,
 )
-from orchestrator.plans import check_workload
-from search_spaces import SearchContext, SearchSpace, load_spaces
+from orchestrator.inputs import check_range
+from orchestrator.plans import check_entrypoint
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
 
 def model_size(config: Config) -> ModelSize:
     """Parameters and blocks of the workload's model, counted on the meta device (a user
-    workload is built once on CPU by ``plans.check_workload``)."""
+    workload is built once on CPU by ``plans.check_entrypoint``)."""
     import torch
 
-    shape = check_workload(config)
+    shape = check_entrypoint(config)
     if shape is not None:
         return ModelSize(shape.num_params, shape.num_blocks, str(config.workload.entrypoint))
 
@@ -67,10 +68,16 @@ def dry_run(config: Config, link_name: str, nodes: int, tflops: float, count: in
     """The ranked lines a dry run prints."""
     if link_name not in LINKS:
         raise ConfigError("--link", f"{link_name!r}; use one of {', '.join(LINKS)}")
-    link, size = LINKS[link_name], model_size(config)
     world = config.cluster.num_workers
+    check_range("--nodes", nodes, 1, world)  # 0 divided by zero; more nodes than ranks is none
+    check_range("--tflops", tflops, 1e-3, 1e6)  # 0 divided by zero; nan ranked nothing
+    try:  # the GPU/NCCL context may reach a space mistake the CPU check did not
+        found = candidates(config, nodes, count)
+    except SpaceError as e:
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+    link, size = LINKS[link_name], model_size(config)
     per_sample = compute_s_per_sample(size.num_params, config.workload.seq_len, tflops)
-    ranked = rank_candidates(candidates(config, nodes, count), size, world, link, per_sample,
+    ranked = rank_candidates(found, size, world, link, per_sample,
                              global_batch=config.workload.global_batch)  # fmt: skip
     lines = [f"dry run: {size.name} ({size.num_params / 1e6:.0f}M params), {world} ranks on "
              f"{link.name} ({link.bandwidth_bytes_per_s / 1e9:g} GB/s), {tflops:g} TFLOP/s per "

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import parse_env_items
+from orchestrator.inputs import parse_env_items
 from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.plans import check_workload
-from orchestrator.train.run import RUN_NAME, run
-from train_fns.elastic import STATE_FILE
+from orchestrator.inputs import check_out_dir
+from orchestrator.plans import check_entrypoint
+from orchestrator.runfiles import TRAIN_RUN_NAME
+from train_fns.metrics import STATE_FILE
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,7 +68,7 @@ def check(args: argparse.Namespace) -> Config:
         low, high = workers_range(args.workers)
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
     config = load_config(args.config, args.preset, sets)
-    check_workload(config)
+    check_entrypoint(config)
     return config
 
 
@@ -75,6 +76,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     """Everything that can fail on user input, checked before Ray starts."""
     config = check(args)
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
+    check_out_dir(out)
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "
@@ -84,10 +86,16 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
 
 def latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     """(step, folder) of the newest complete checkpoint under ``out`` (None: there is none)."""
-    found = [
-        (json.loads(p.read_text())["step"], p.parent)
-        for p in (out / RUN_NAME).glob(f"*/{STATE_FILE}")
-    ]
+    found = []
+    for p in (out / TRAIN_RUN_NAME).glob(f"*/{STATE_FILE}"):
+        try:
+            step = json.loads(p.read_text())["step"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError("--out", f"{p} is unreadable ({type(e).__name__}); remove that "
+                              "checkpoint folder or choose another --out") from e  # fmt: skip
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ConfigError("--out", f"{p} holds step={step!r}; remove that checkpoint folder")
+        found.append((step, p.parent))
     return max(found, default=None)
 
 
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commtune: error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from orchestrator.train.run import run  # Ray Train and torch load once the input is good
+
     try:
         summary, log = run(config, out, args.verbose)
     except ConfigError as e:

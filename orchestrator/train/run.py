@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.config import Config
 from orchestrator.plans import plan_from_config, resolve_task
+from orchestrator.runfiles import TRAIN_RUN_NAME
 from orchestrator.session import (
     alive_nodes,
     check_capacity,
@@ -27,9 +28,6 @@ from orchestrator.session import (
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.workers import Fit, GroupSpec, torch_trainer
 from train_fns.elastic import RunSpec
-
-RUN_NAME = "train"
-"""Ray Train run name inside ``--out``: a second start with the same name resumes it."""
 
 
 def worker_counts(config: Config) -> tuple[int, int]:
@@ -76,7 +74,7 @@ def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool
     return GroupSpec(
         loop=train_loop_elastic,
         loop_config=spec.to_dict(),
-        name=RUN_NAME,
+        name=TRAIN_RUN_NAME,
         storage_path=str(out.resolve()),
         num_workers=(low, high) if low != high else high,
         use_gpu=use_gpu,

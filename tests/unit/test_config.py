@@ -54,8 +54,8 @@ def test_parse_set_reads_values_as_yaml() -> None:
 BAD_SETS = [
     (["search.trails=3"], "search.trails", "did you mean 'search.trials'"),
     (["search.trials=many"], "search.trials", "expected int"),
-    (["cluster.num_workers=0"], "cluster.num_workers", "positive"),
-    (["cluster.num_workers=-2"], "cluster.num_workers", "positive"),
+    (["cluster.num_workers=0"], "cluster.num_workers", "from 1 to"),
+    (["cluster.num_workers=-2"], "cluster.num_workers", "from 1 to"),
     (["workload.global_batch=15"], "workload.global_batch", "multiple of 2"),
     (["workload.model=bert-huge"], "workload.model", "unknown model"),
     (["workload.precision=fp8"], "workload.precision", "fp32"),

@@ -6,8 +6,9 @@ import csv
 
 import pytest
 
-from orchestrator.config import Config, ConfigError, parse_env_items
+from orchestrator.config import Config, ConfigError
 from orchestrator.costmodel import bus_bandwidth, bus_factor
+from orchestrator.inputs import parse_env_items
 from orchestrator.probe import cli as probe
 from orchestrator.probe.cli import Table
 from orchestrator.probe.sweep import (

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 import search_spaces
-from orchestrator.config import ConfigError, parse_env_items
+from orchestrator.config import ConfigError
+from orchestrator.inputs import parse_env_items
 from orchestrator.submit import cli, jobs, transfer
 
 STAGED = ["--config", "_commtune_inputs/config.yaml"]

@@ -16,12 +16,12 @@ from transformers import AutoModelForMaskedLM, BertTokenizer
 from train_fns.data import IGNORE_INDEX, make_batch_source, num_masked, sample_indices
 from train_fns.loop import window_ends
 from train_fns.metrics import HANG_EXIT_CODE, WATCHDOG_PREFIX
+from train_fns.model_presets import is_known_model
 from train_fns.models import (
     MODEL_PRESETS,
     build_model,
     count_parameters,
     default_task,
-    is_known_model,
     resolve_model_config,
 )
 from train_fns.plan import DDPOptions, InfeasiblePlan, TrialPlan

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.plans import check_workload, plan_from_config, workload_fields
+from orchestrator.plans import check_entrypoint, plan_from_config, workload_fields
 from train_fns import tuned
 from train_fns.workload import (
     WorkloadError,
@@ -73,14 +73,14 @@ def test_bad_entrypoints_exit_2_naming_the_key(
 ) -> None:
     path = write(tmp_path, source) if source is not None else tmp_path / "missing.py"
     with pytest.raises(ConfigError, match=message) as info:
-        check_workload(config_for(entry.format(path=path)))
+        check_entrypoint(config_for(entry.format(path=path)))
     assert info.value.key == "workload.entrypoint"
 
 
 def test_a_raising_make_workload_names_the_entrypoint(tmp_path: Path) -> None:
     path = write(tmp_path, "def make_workload(ctx):\n    raise RuntimeError('boom')\n")
     with pytest.raises(ConfigError, match="make_workload raised RuntimeError: boom"):
-        check_workload(config_for(f"{path}:make_workload"))
+        check_entrypoint(config_for(f"{path}:make_workload"))
 
 
 def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
 
 def test_the_examples_pass_the_driver_check() -> None:
     for name in ("vision_workload.py", "mlp_workload.py"):
-        shape = check_workload(config_for(f"{EXAMPLES / name}:make_workload"))
+        shape = check_entrypoint(config_for(f"{EXAMPLES / name}:make_workload"))
         assert shape is not None and shape.num_params > 0 and shape.num_blocks > 0
 
 

@@ -1,0 +1,313 @@
+"""The locked doors: reading what a user hands commtune, bounded and checked before Ray.
+
+Configs may come from someone else, so every file is read with a size cap and a guarded YAML
+loader, every name that becomes a path is one safe component, every folder commtune will
+write is checked before anything starts, and a local model or data file is checked on the
+driver (a broken one used to fail inside a worker). Cheap checks here import neither torch
+nor transformers: a bad input exits in about a second, not after a 5-15 s import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search_spaces._yaml import load_yaml, read_capped
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration; ``key`` is the dotted path at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""A run name becomes runs/<name>: one path component, no separators, no leading dot."""
+
+TUNED_KNOBS: dict[str, Any] = {
+    "strategy": ("ddp", "fsdp"),
+    "accumulation_steps": (1, 4096),
+    "bucket_cap_mb": (0.001, 65_536.0),
+    "gradient_as_bucket_view": bool,
+    "static_graph": bool,
+    "reshard_after_forward": bool,
+    "activation_checkpointing": bool,
+}
+"""What ``tuned`` may hold (search_spaces.PLAN_KNOBS): a choice, a range or a bool."""
+
+
+def check_range(key: str, value: Any, low: float, high: float) -> None:
+    """``low <= value <= high``, a whole number when both ends are ints; bools are refused
+    (YAML's ``true`` is the int 1 to Python)."""
+    kind = int if isinstance(low, int) and isinstance(high, int) else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(key, f"got {value!r}; use {what} from {low:g} to {high:g}")
+
+
+def check_choice(key: str, value: Any, choices: tuple) -> None:
+    # by type too: 1 == True, so `use_gpu: 1` passed as true
+    if not any(value == c and type(value) is type(c) for c in choices):
+        shown = ", ".join("null" if c is None else str(c).lower() for c in choices)
+        raise ConfigError(key, f"got {value!r}; use one of: {shown}")
+
+
+def check_tuned(tuned: dict[str, Any]) -> None:
+    """``tuned`` holds plan knobs (what best.yaml records): known names, values of their kind."""
+    for key, value in tuned.items():
+        spec = TUNED_KNOBS.get(key)
+        if spec is None:
+            close = difflib.get_close_matches(str(key), TUNED_KNOBS, n=1)
+            hint = f"did you mean 'tuned.{close[0]}'? " if close else ""
+            raise ConfigError(
+                f"tuned.{key}", f"unknown knob; {hint}known: {', '.join(TUNED_KNOBS)}"
+            )
+        if isinstance(spec, tuple) and isinstance(spec[0], str):
+            check_choice(f"tuned.{key}", value, spec)
+        elif spec is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"tuned.{key}", f"got {value!r}; use true or false")
+        else:
+            check_range(f"tuned.{key}", value, *spec)
+
+
+def read_yaml(path: Path, key: str) -> dict[str, Any]:
+    """Read a YAML mapping (capped, guarded); any problem is a ConfigError naming the file."""
+    try:
+        text = read_capped(path)
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}; check the path") from e
+    except ValueError as e:  # too large, not a regular file, not UTF-8
+        raise ConfigError(key, f"{e}; pass a YAML config file") from e
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(key, f"malformed YAML in {path}{where}: {problem}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(key, f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """Parse one ``--set a.b=value``; the value is YAML (``8`` is an int, ``true`` a bool)."""
+    if "=" not in item:
+        raise ConfigError("--set", f"{item!r} is not KEY=VALUE; e.g. --set search.trials=8")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError("--set", f"{item!r} has an empty key; e.g. --set search.trials=8")
+    try:
+        value = load_yaml(raw) if raw.strip() else ""
+    except yaml.MarkedYAMLError as e:
+        if "aliases" in str(e.problem) or "nesting" in str(e.problem):
+            raise ConfigError(f"--set {key}", f"value refused: {e.problem}") from e
+        value = raw
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def check_finite(data: Any, key: str) -> None:
+    """Refuse NaN and infinity anywhere (``.nan`` as a time budget is a deadline that never
+    fires; as a bucket size, a crash in a worker)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(key or "<top>", f"got {data!r}; use a finite number")
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            check_finite(v, f"{key}[{i}]")
+
+
+def check_name(key: str, value: str) -> None:
+    """A name that becomes a folder must stay one folder: ``../../tmp/x`` wrote outside runs/."""
+    if not SAFE_NAME.fullmatch(value):
+        raise ConfigError(
+            key,
+            f"got {value!r}; use letters, digits, '.', '_' or '-' (at most 100, not starting "
+            "with '.' or '-'), e.g. name: bert-large-ddp",
+        )
+
+
+def check_out_dir(out: Path, key: str = "--out") -> None:
+    """``out`` is a folder commtune can create or write: not a file, under a writable folder.
+
+    Nothing is left behind (a dry run writes nothing): a folder is made and removed in the
+    nearest existing ancestor.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(key, f"{out} exists and is not a folder; choose a folder path")
+    probe = out
+    while not probe.exists():
+        if probe.is_symlink():  # a dangling link: mkdir would fail on it
+            raise ConfigError(key, f"{probe} is a broken symlink; choose another --out")
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(key, f"{out} cannot be created: {probe} is a file; choose another path")
+    try:  # a real try: root passes os.access() where mkdir still fails (/proc, read-only)
+        os.rmdir(tempfile.mkdtemp(prefix=".commtune-check-", dir=probe))
+    except OSError as e:
+        raise ConfigError(key, f"{out} cannot be created: {probe}: {e.strerror}; choose "
+                          "another path") from e  # fmt: skip
+
+
+def check_storage(url: str | None, key: str = "search.storage") -> None:
+    """An Optuna storage URL that parses, and whose local file's folder exists (SQLite and
+    journal files are not made in a missing folder: that failed after Ray had started).
+    A database server is not contacted here: it may be reachable only from the cluster."""
+    if url is None:
+        return
+    if url.endswith((".log", ".journal")) and "://" not in url:
+        path = Path(url).expanduser()
+    else:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError) as e:
+            raise ConfigError(
+                key,
+                f"not a storage URL ({e}); use e.g. sqlite:///runs/study.db, "
+                "postgresql://HOST/DB or a .log file",
+            ) from e
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+            return
+        path = Path(parsed.database).expanduser()
+    if not path.parent.is_dir():
+        raise ConfigError(key, f"{path.parent} is not a folder; create it or use another path")
+
+
+ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}|auto|local")
+
+
+def check_address(address: str | None, key: str = "cluster.address") -> None:
+    """``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` (a typo made Ray retry for minutes)."""
+    if address is None:
+        return
+    port = address.rpartition(":")[2]
+    if not ADDRESS.fullmatch(address) or (port.isdigit() and not 0 < int(port) < 65536):
+        raise ConfigError(key, f"got {address!r}; use auto, HOST:PORT or ray://HOST:PORT")
+
+
+def check_report_path(out: Path, key: str = "--out") -> None:
+    """A file commtune will write: not a folder, in a folder it can create or write."""
+    if out.is_dir():
+        raise ConfigError(key, f"{out} is a folder; name a file such as {out / 'report.html'}")
+    check_out_dir(out.parent, key)
+
+
+def check_workload(workload: Any) -> None:
+    """The model, data and tokenizer the workers will open, checked on the driver; what needs
+    transformers (an HF model type) comes last, after everything cheap. A user workload's
+    entrypoint is only read here; ``plans.check_entrypoint`` imports and builds it."""
+    if workload.entrypoint is not None:
+        _check_entrypoint(workload)
+        return
+    from train_fns.model_presets import MODEL_PRESETS, declared_positions, local_dir
+
+    model = workload.model
+    looks_like_path = model.startswith((".", "~", "/")) or os.sep in model
+    if local_dir(model) is None and (looks_like_path or Path(model).expanduser().is_dir()):
+        raise ConfigError("workload.model", f"{model} is not a folder with config.json; "
+                          "point workload.model at a Hugging Face model folder")  # fmt: skip
+    try:
+        limit = declared_positions(model, workload.model_overrides)
+    except (OSError, ValueError) as e:
+        raise ConfigError("workload.model", f"{e}; fix the file or use a preset") from e
+    _check_files(workload)
+    _check_seq_len(workload, limit)  # what the preset or config.json states: no import
+    if model not in MODEL_PRESETS:  # an HF model type or a local config: transformers reads it
+        _check_seq_len(workload, _hf_positions(workload))
+
+
+def _check_entrypoint(workload: Any) -> None:
+    entrypoint = workload.entrypoint
+    module, sep, name = str(entrypoint).rpartition(":")
+    if not isinstance(entrypoint, str) or not sep or not module or not name.isidentifier():
+        raise ConfigError(
+            "workload.entrypoint",
+            f"{entrypoint!r} is not MODULE:FUNCTION; e.g. my_workload.py:make_workload or "
+            "my_package.my_module:make_workload",
+        )
+    if workload.task is not None or workload.data != "synthetic" or workload.tokenizer:
+        raise ConfigError(
+            "workload.entrypoint",
+            "task, data and tokenizer belong to the built-in models; your make_workload gives "
+            "its own batches (drop them, or pass what you need in workload.options)",
+        )
+
+
+def _check_seq_len(workload: Any, limit: int | None) -> None:
+    if limit is not None and workload.seq_len > limit:
+        raise ConfigError(
+            "workload.seq_len",
+            f"{workload.seq_len} exceeds the {limit} positions of model {workload.model!r}; "
+            "lower workload.seq_len or set workload.model_overrides.max_position_embeddings",
+        )
+
+
+def _check_files(workload: Any) -> None:
+    if workload.data != "synthetic":
+        path = Path(workload.data).expanduser()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError("workload.data", f"{workload.data!r} is not a readable file; use "
+                              "'synthetic' or a local .txt/.jsonl file")  # fmt: skip
+    if workload.tokenizer is not None and not Path(workload.tokenizer).expanduser().is_dir():
+        raise ConfigError("workload.tokenizer", f"{workload.tokenizer!r} is not a folder; use "
+                          "a local tokenizer folder or leave it unset")  # fmt: skip
+
+
+def _hf_positions(workload: Any) -> int | None:
+    """The positions of an HF model type or a local model's config, as transformers reads
+    them (imported only here, once every cheap check has passed)."""
+    from train_fns.model_presets import is_known_model
+
+    if not is_known_model(workload.model):
+        raise ConfigError(
+            "workload.model",
+            f"unknown model {workload.model!r}; use a preset (bert-large, bert-base, "
+            "bert-mini, bert-tiny, gpt2), an HF model type such as 'roberta', or a local "
+            "directory with config.json",
+        )
+    from train_fns.models import max_positions, resolve_model_config
+
+    try:
+        return max_positions(resolve_model_config(workload.model, workload.model_overrides))
+    except (OSError, TypeError, ValueError, KeyError) as e:
+        raise ConfigError(
+            "workload.model", f"transformers cannot read the model config: {str(e)[:200]}"
+        ) from e
+
+
+def parse_env_items(items: list[str], key: str) -> dict[str, str]:
+    """``NAME=VALUE`` command-line items (``key`` is the option) -> a dict held to the
+    environment allow-list and value checks, as a config's ``env:`` is (unsafe NCCL values
+    only through a config with ``search.unsafe_nccl: true``)."""
+    from search_spaces import SpaceError, env_strings
+
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(key, f"{item!r} is not NAME=VALUE; e.g. {key} NCCL_BUFFSIZE=8388608")
+        env[name.strip()] = value
+    try:
+        return env_strings(env)
+    except SpaceError as e:
+        raise ConfigError(f"{key} {e.key}" if e.key else key, e.message) from e
