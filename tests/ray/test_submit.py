@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from _heads import clean_env, free_port, start_head, stop_all, submit_cli
 
-from orchestrator.config import load_config
-
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
@@ -46,19 +44,45 @@ def test_submission_without_the_token_is_refused(head: tuple[str, Path], tmp_pat
     assert done.returncode == 2 and "refused the token" in done.stderr, done.stderr
 
 
+USER_WORKLOAD = """
+import torch
+from torch import nn
+
+
+def make_workload(ctx):
+    def batch(indices):
+        gen = lambda i: torch.Generator().manual_seed(ctx.seed * 1000 + i)
+        return torch.stack([torch.randn(5, generator=gen(i)) for i in indices])
+
+    def loss(model, data):
+        return nn.functional.mse_loss(model(data[:, :4]), data[:, 4:])
+
+    return {"model": nn.Linear(4, 1), "batch": batch, "loss": loss}
+"""
+
+
 def test_search_job_succeeds_and_its_outputs_come_back(
     head: tuple[str, Path], tmp_path: Path
 ) -> None:
+    """The job's config and the user's workload file live outside the project (and the
+    cluster has never seen either): both go with the job."""
     address, token = head
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "my_workload.py").write_text(USER_WORKLOAD)
+    (user / "job.yaml").write_text(
+        f"workload: {{entrypoint: {user / 'my_workload.py'}:make_workload, global_batch: 8}}\n"
+    )
     base = ["--address", address, "--token-file", str(token)]
     done = submit_cli(
         [*base, "search", "--follow", "--results-root", str(tmp_path / "cluster"),
-         "--preset", "smoke", "--trials", "1", "--set", "search.remeasure_top=0",
-         "--set", "search.scaling_baseline=false"],
+         "--preset", "smoke", f"--config={user / 'job.yaml'}", "--trials", "1",
+         "--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"],
         no_token_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "trial   0" in done.stdout and "SUCCEEDED" in done.stdout
+    assert "my_workload.py" in done.stdout  # the search names the workload it ran
     job_id = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
     status = submit_cli([*base, "status", job_id], no_token_env(), timeout=60)
     assert "SUCCEEDED" in status.stdout
@@ -66,10 +90,10 @@ def test_search_job_succeeds_and_its_outputs_come_back(
         [*base, "fetch", job_id, "--dest", str(tmp_path / "back")], no_token_env(), timeout=300
     )
     assert fetched.returncode == 0, fetched.stderr
-    config = load_config(str(tmp_path / "back" / "best.yaml"), None, [])
-    assert config.name == "smoke"
+    best = (tmp_path / "back" / "best.yaml").read_text()
+    assert "_commtune_inputs/workload/my_workload.py:make_workload" in best
     rows = (tmp_path / "back" / "trials.csv").read_text().strip().splitlines()
-    assert len(rows) == 2  # header + the baseline
+    assert len(rows) == 2 and ",complete," in rows[1], rows  # header + the baseline
 
 
 def test_stop_ends_a_running_job(head: tuple[str, Path], tmp_path: Path) -> None:
