@@ -1,4 +1,5 @@
-"""The search's progress on the terminal: one line per finished configuration."""
+"""The search's progress on the terminal: one line per finished configuration, and the
+trials' heartbeat lines while they wait (plain lines: a log file reads like the terminal)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,26 @@ def comm_text(result: dict[str, Any]) -> str:
 
 
 class ProgressPrinter(Callback):
-    """Print a line as each configuration ends (Tune's own table is turned off)."""
+    """Print a line as each configuration ends (Tune's own table is turned off), and the
+    heartbeat lines the trials put in ``notices`` (a Ray queue; None: there are none)."""
+
+    def __init__(self, notices: Any = None) -> None:
+        self.notices = notices
+
+    def _notices(self) -> None:
+        size = self.notices.qsize() if self.notices is not None else 0
+        for line in self.notices.get_nowait_batch(size) if size else ():
+            print(line, flush=True)
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self._notices()
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         from ray.tune.utils.util import unflatten_dict
+
+        self._notices()  # lines put before this result come before its line
 
         full = unflatten_dict(dict(result))
         outcome = full.get(OUTCOME, {})
