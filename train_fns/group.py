@@ -53,9 +53,7 @@ def evaluate_plans(
             started = None
         windows: list[dict[str, Any]] = []
 
-        def on_window(
-            window: dict[str, Any], index: int = index, windows: list = windows
-        ) -> None:
+        def on_window(window: dict[str, Any], index: int = index, windows: list = windows) -> None:
             windows.append(window)
             if rank == 0:
                 send({"kind": WINDOW, "index": index, "window": len(windows)})

@@ -99,3 +99,14 @@ def test_a_started_group_is_bounded_by_trial_timeout(monkeypatch) -> None:
     assert run._late(lambda i, o: told.append(o)) is True
     assert told[0]["phase"] == MEASURE and "1 of 3 windows" in told[0][m.REASON]
     assert told[0]["timings"]["start_s"] == 20.0
+
+
+def test_a_training_run_heartbeat_says_what_it_waits_on(tmp_path) -> None:
+    from orchestrator.train.run import waiting_line
+    from orchestrator.train.runlog import RunLog
+
+    log = RunLog(tmp_path, steps=100, log_every=10)
+    assert waiting_line(log, 45.2, 2) == "training: starting 2 workers (45 s)"
+    log.world, log.last_step = 2, 40
+    assert waiting_line(log, 31.0, 2) == "training: step 40/100, nothing new for 31 s"
+    log.close()
