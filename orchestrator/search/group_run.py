@@ -116,7 +116,8 @@ class GroupRun:
         self.error = fit.error
         current = self.current()
         if current is not None:  # the group ended during it (or, a bug, before it)
-            self._finish(current, self._failed(current), emit)
+            outcome = {"phase": self._waiting(current)[0], **self._failed(current)}
+            self._finish(current, outcome, emit)
         return self.outcomes
 
     def _late(self, emit: Callable[[int, Outcome], None]) -> bool:

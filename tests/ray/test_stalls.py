@@ -92,7 +92,8 @@ def test_a_worker_frozen_while_its_group_starts_is_a_hang_in_phase_start(tmp_pat
     assert took_s < START_TIMEOUT_S + 15, search.text()
     assert "trial 1: starting 2 workers" in search.text()  # a heartbeat, though not a terminal
     rows = {int(r["number"]): r for r in csv.DictReader((out / "trials.csv").open())}
-    assert rows[1]["state"] == "hang" and rows[2]["state"] == "complete"
+    assert rows[1]["state"] == "hang" and rows[1]["phase"] == "start"
+    assert rows[2]["state"] == "complete"
     assert float(rows[1]["trial_wall_s"]) >= START_TIMEOUT_S
     assert float(rows[1]["start_s"]) >= START_TIMEOUT_S  # its wait is not hidden
     assert frozen not in _workers() and not _workers(), "no worker survives the search"
