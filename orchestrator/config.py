@@ -49,6 +49,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "search.windows": (1, 10_000),
     "search.trial_timeout_s": (1.0, 7.0 * _DAY_S),
     "search.step_deadline_s": (1.0, 7.0 * _DAY_S),
+    "search.start_timeout_s": (1.0, float(_DAY_S)),
+    "search.heartbeat_s": (1.0, float(_DAY_S)),
     "search.time_budget_min": (0.01, 365.0 * 24 * 60),
     "search.remeasure_top": (0, 1000),
     "search.group_size": (1, 10_000),
@@ -141,6 +143,11 @@ class SearchConfig:
     trial_timeout_s: float = 900.0
     step_deadline_s: float = 300.0
     """A trial whose workers finish no step for this long is a hang."""
+    start_timeout_s: float = 300.0
+    """From a worker group's start until every rank has said it is ready: watched from the
+    driver, so a worker frozen while its group starts is a ``hang`` in phase ``start``."""
+    heartbeat_s: float = 30.0
+    """A waiting search, training run or probe prints a plain line after this much silence."""
     storage: str | None = None
     """Optuna storage URL; default: SQLite ``study.db`` in the output folder."""
     prune: bool = True

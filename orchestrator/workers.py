@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue as std_queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,8 @@ class Fit:
         stop: Callable[[], bool] = lambda: False,
     ) -> bool:
         """Hand every report to ``on_item`` until the group ended and its queue is empty
-        (True), or until ``stop()`` says to stop waiting while it still runs (False)."""
+        (True), or until ``stop()`` says to stop waiting while it still runs (False).
+        ``stop`` is asked at least every ``POLL_S``: the place for bounds and heartbeats."""
         from ray.util.queue import Empty
 
         while not self.done.is_set() or not reports.empty():
@@ -104,3 +106,36 @@ class Fit:
             if not self.done.is_set() and stop():
                 return False
         return True
+
+
+def say(line: str) -> None:
+    """A plain line, flushed at once: a log file reads like the terminal (no redraws)."""
+    print(line, flush=True)
+
+
+class Heartbeat:
+    """A plain line after ``every_s`` of silence, so a long wait is never silent.
+
+    ``quiet()`` says the user just saw something (a result line); ``beat(text)`` prints
+    ``text()`` when nothing was shown for ``every_s``. ``text`` is only built when due.
+    """
+
+    def __init__(
+        self,
+        every_s: float,
+        out: Callable[[str], Any] = say,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every_s, self.out, self.clock = every_s, out, clock
+        self.last = clock()
+
+    def quiet(self) -> None:
+        self.last = self.clock()
+
+    def beat(self, text: Callable[[], str]) -> bool:
+        """Print ``text()`` if due; False (never stops a drain: usable as its ``stop``)."""
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.out(text())
+            self.last = now
+        return False

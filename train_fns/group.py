@@ -9,8 +9,11 @@ everything of the previous one is freed first, so no state leaks from one to the
 Plans come from ``next_plan`` one at a time (the driver decides the next one after it has the
 outcome of the last, so the sampler learns from every configuration; None ends the group).
 Messages go to ``send`` (a Ray queue's ``put`` on the driver's node, or a list in tests):
-``{"kind": "start", "index": i}`` from rank 0 when configuration ``i`` begins, then from every
-rank ``{"kind": "end", "index": i, "rank": r, "status": complete|pruned|oom, "windows": [...],
+``{"kind": "start", "index": i, "rank": r}`` from rank 0 when configuration ``i`` begins (from
+every rank for the first: the driver, not a watchdog in a process that may be frozen, bounds the
+group's start by it), ``{"kind": "window", "index": i, "window": k}`` from rank 0 as each
+measured window ends (the driver's heartbeat shows it), then from every rank
+``{"kind": "end", "index": i, "rank": r, "status": complete|pruned|oom, "windows": [...],
 "reason": ...}``. An out-of-memory error that strikes every rank alike is recorded and the group
 goes on; one that strikes some ranks only leaves the others in a collective until their
 watchdog ends them, and the driver re-queues what was not measured.
@@ -30,7 +33,7 @@ from train_fns import metrics as m
 from train_fns.loop import run_training
 from train_fns.plan import TrialPlan
 
-START, END = "start", "end"
+START, WINDOW, END = "start", "window", "end"
 
 
 def evaluate_plans(
@@ -44,13 +47,20 @@ def evaluate_plans(
     """Measure each plan in turn on this rank until ``next_plan`` gives None; ``started``
     (group set-up times, e.g. imports) rides along with the first start message."""
     for index, plan in enumerate(iter(next_plan, None)):
-        if rank == 0:
-            send({"kind": START, "index": index, "time": time.time(), **(started or {})})
+        if rank == 0 or index == 0:
+            send({"kind": START, "index": index, "rank": rank, "time": time.time(),
+                  **(started or {})})  # fmt: skip
             started = None
         windows: list[dict[str, Any]] = []
+
+        def on_window(window: dict[str, Any], index: int = index, windows: list = windows) -> None:
+            windows.append(window)
+            if rank == 0:
+                send({"kind": WINDOW, "index": index, "window": len(windows)})
+
         status, reason = m.COMPLETE, ""
         try:
-            if not run_training(plan, rank, world_size, device, windows.append):
+            if not run_training(plan, rank, world_size, device, on_window):
                 status = m.PRUNED
         except torch.OutOfMemoryError as e:
             status, reason = m.OOM, str(e)

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import io
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from orchestrator.config import Config, ConfigError, WorkloadConfig
 from orchestrator.costmodel import bus_factor
 from orchestrator.runfiles import write_atomic
 from orchestrator.session import check_capacity, driver_queue, resolve_gpu, start_ray
-from orchestrator.workers import Fit, GroupSpec, torch_trainer
+from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.metrics import OPS
 
 COLUMNS = (
@@ -194,10 +195,17 @@ def _fit(
     from train_fns.worker import probe_loop_per_worker
 
     rows_queue, rows = driver_queue(), []
+    beat, last = Heartbeat(config.search.heartbeat_s), [time.monotonic()]
 
     def take(row: Row) -> None:
         rows.append(with_busbw(row))
         on_row(rows[-1])
+        last[0] = time.monotonic()
+        beat.quiet()
+
+    def waiting() -> str:
+        silent_s = time.monotonic() - last[0]
+        return f"probe: {len(rows)} rows measured, nothing new for {silent_s:.0f} s"
 
     fit = Fit(torch_trainer(GroupSpec(
         loop=probe_loop_per_worker,
@@ -211,7 +219,7 @@ def _fit(
         timeout_s=PROBE_TIMEOUT_S,
     )))  # fmt: skip
     try:
-        fit.drain(rows_queue, take)
+        fit.drain(rows_queue, take, stop=lambda: beat.beat(waiting))
     finally:
         rows_queue.shutdown()
     if fit.error is not None:

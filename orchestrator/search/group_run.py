@@ -4,10 +4,14 @@
 from a queue on the driver's node (``train_fns.group`` says what they send) and turns each
 configuration into an outcome as soon as every rank has finished it. Only then is the next
 configuration drawn from the source and put in the workers' inbox (one copy per rank), so the
-source may choose it knowing every outcome so far. A configuration that runs
-past ``trial_timeout_s`` ends the group (the trial returns; Tune then ends its actor and Ray's
-ownership ends the controller and the workers). Whatever the group did not reach is returned
-as None: the caller re-queues it.
+source may choose it knowing every outcome so far.
+
+Every wait is bounded here, in the driver, since a frozen worker cannot run its own watchdog:
+the group's start (until every rank said it is ready) by ``search.start_timeout_s``, each
+configuration by ``search.trial_timeout_s``. One that runs past its bound is a ``hang`` with
+its phase and ends the group (the trial returns; Tune then ends its actor and Ray's ownership
+ends the controller and the workers). Whatever the group did not reach is returned as None: the
+caller re-queues it. While it waits, a heartbeat line says what it waits on.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from orchestrator.search.outcome import (
 )
 from orchestrator.search.placement import label_selector
 from orchestrator.session import driver_queue
-from orchestrator.workers import Fit, GroupSpec, torch_trainer
+from orchestrator.workers import Fit, GroupSpec, Heartbeat, say, torch_trainer
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -39,13 +43,36 @@ thread pools are warm already; one step builds the new model's buckets and optim
 
 Source = Iterator[tuple[TrialPlan, dict[str, str]]]
 """(plan, environment variables) pairs; every environment must equal the first's."""
+START, MEASURE = "start", "measure"
+"""Phases of a configuration a hang is recorded in: its group's start, its measurement."""
+
+
+def waiting_on(
+    index: int, ready: int, world_size: int, fit_start: float, started: dict[int, float],
+    dispatched: float,
+) -> tuple[str, float]:  # fmt: skip
+    """What configuration ``index`` waits on, and since when: the group's start until all
+    ``world_size`` ranks are ready (the first only), then its measurement."""
+    if index == 0 and ready < world_size:
+        return START, fit_start
+    return MEASURE, started.get(index, dispatched)
+
+
+def bound_of(phase: str, start_timeout_s: float, trial_timeout_s: float) -> tuple[str, float]:
+    """The config key bounding ``phase`` and its value."""
+    if phase == START:
+        return "search.start_timeout_s", start_timeout_s
+    return "search.trial_timeout_s", trial_timeout_s
 
 
 class GroupRun:
     """Run the plans of a source (same environment variables, same world size) in one
     TorchTrainer, one after another."""
 
-    def __init__(self, ctx: Any, name: str, nodes: list[str] | None = None):
+    def __init__(
+        self, ctx: Any, name: str, nodes: list[str] | None = None,
+        out: Callable[[str], Any] = say,
+    ) -> None:  # fmt: skip
         self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
         shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
         self.ctx, self.name, self.nodes = ctx, name, nodes
@@ -53,16 +80,26 @@ class GroupRun:
         self.outcomes: list[Outcome | None] = []
         self.ends: list[dict[int, dict]] = []
         self.started: dict[int, float] = {}
+        self.ready: set[int] = set()
+        """Ranks that said they are ready for the first configuration."""
+        self.progress: dict[int, int] = {}
+        """Measured windows so far, by configuration (rank 0's word)."""
+        self.heartbeat = Heartbeat(ctx.config.search.heartbeat_s, out)
         self.imports_s = 0.0
         self.error: BaseException | None = None
 
-    def run(self, source: Source, on_outcome: Callable[[int, Outcome], None] | None = None):
+    def run(
+        self, source: Source, on_outcome: Callable[[int, Outcome], None] | None = None,
+        label: Callable[[int], str] | None = None,
+    ) -> list[Outcome | None]:  # fmt: skip
         """Measure every plan the source gives; ``on_outcome(index, outcome)`` is called as
-        each one ends. Returns the outcomes in order, None for a plan the group did not reach."""
+        each one ends; ``label(index)`` names it in heartbeat lines ("trial 4"). Returns the
+        outcomes in order, None for a plan the group did not reach."""
         first = next(source, None)
         if first is None:
             return []
         self.source, self.env = source, first[1]
+        self.label = label or (lambda index: f"{self.name} run {index + 1}")
         reports, self.inbox = driver_queue(), driver_queue()
         self._dispatch(first)
         self.fit_start = self.boundary = time.monotonic()
@@ -79,19 +116,40 @@ class GroupRun:
         self.error = fit.error
         current = self.current()
         if current is not None:  # the group ended during it (or, a bug, before it)
-            self._finish(current, self._failed(current), emit)
+            outcome = {"phase": self._waiting(current)[0], **self._failed(current)}
+            self._finish(current, outcome, emit)
         return self.outcomes
 
     def _late(self, emit: Callable[[int, Outcome], None]) -> bool:
-        """True (and the configuration recorded as a hang) when the running one overran
-        ``trial_timeout_s``."""
-        current, deadline_s = self.current(), self.ctx.config.search.trial_timeout_s
+        """True (and the configuration recorded as a hang) when the running one overran the
+        bound of the phase it is in; otherwise a heartbeat line when one is due."""
+        current = self.current()
         if current is None:
             return False
-        if time.monotonic() - self.started.get(current, self.dispatched) <= deadline_s:
-            return False
-        self._finish(current, self._hang(current, deadline_s), emit)
+        phase, since = self._waiting(current)
+        search = self.ctx.config.search
+        key, bound_s = bound_of(phase, search.start_timeout_s, search.trial_timeout_s)
+        waited_s = time.monotonic() - since
+        if waited_s <= bound_s:
+            return self.heartbeat.beat(lambda: self._status(current, phase, waited_s))
+        self._finish(current, self._hang(current, phase, key, bound_s), emit)
         return True
+
+    def _waiting(self, index: int) -> tuple[str, float]:
+        world = self.plans[index].world_size
+        return waiting_on(
+            index, len(self.ready), world, self.fit_start, self.started, self.dispatched
+        )
+
+    def _status(self, index: int, phase: str, waited_s: float) -> str:
+        """A heartbeat line: what ``index`` waits on, for how long."""
+        plan = self.plans[index]
+        if phase == START:
+            ready = f", {len(self.ready)} ready" if self.ready else ""
+            workers = f"{plan.world_size} workers"
+            return f"{self.label(index)}: starting {workers} ({waited_s:.0f} s{ready})"
+        window = min(self.progress.get(index, 0) + 1, plan.num_windows)
+        return f"{self.label(index)}: window {window}/{plan.num_windows} ({waited_s:.0f} s)"
 
     def _dispatch(self, item: tuple[TrialPlan, dict[str, str]] | None) -> None:
         """Put the next plan (or the end, None) in every rank's inbox."""
@@ -134,16 +192,31 @@ class GroupRun:
 
     def _take(self, item: dict[str, Any], emit: Callable[[int, Outcome], None]) -> None:
         index = item["index"]
+        if item["kind"] == "window":
+            self.progress[index] = item["window"]
+            return
         if item["kind"] == "start":
-            self.started[index] = time.monotonic()
-            self.imports_s += item.get("imports_s", 0.0)
+            self._started(index, item.get("rank", 0), item.get("imports_s", 0.0))
             return
         self.ends[index][item["rank"]] = item
         if len(self.ends[index]) == self.plans[index].world_size:
             self._finish(index, self._measured(index), emit)
             self._dispatch(next(self.source, None))  # every rank waits for it
 
+    def _started(self, index: int, rank: int, imports_s: float) -> None:
+        """Configuration ``index`` began on ``rank``; the first counts as begun when every
+        rank is ready (the group's start ends there)."""
+        if index > 0:
+            self.started[index] = time.monotonic()
+            return
+        self.ready.add(rank)
+        if rank == 0:
+            self.imports_s += imports_s
+        if len(self.ready) == self.plans[0].world_size:
+            self.started[0] = time.monotonic()
+
     def _finish(self, index: int, outcome: Outcome, emit: Callable[[int, Outcome], None]) -> None:
+        self.heartbeat.quiet()  # its result line is what the user sees next
         now = time.monotonic()
         outcome["trial_wall_s"] = now - self.boundary
         outcome["timings"] = self._timings(index, outcome["trial_wall_s"])
@@ -202,12 +275,19 @@ class GroupRun:
             "window_samples_per_s": throughputs,
         }
 
-    def _hang(self, index: int, deadline_s: float) -> Outcome:
+    def _hang(self, index: int, phase: str, key: str, bound_s: float) -> Outcome:
+        """A configuration that overran ``key``: which phase, and what was last heard."""
+        plan = self.plans[index]
+        if phase == START:
+            seen = f"{len(self.ready)} of {plan.world_size} workers ready"
+        else:
+            seen = f"{self.progress.get(index, 0)} of {plan.num_windows} windows measured"
         return {
             m.STATE: m.HANG,
+            "phase": phase,
             m.REASON: (
-                f"no result within trial_timeout_s={deadline_s:g}s; the worker group was "
-                "ended and the configurations after it re-queued"
+                f"hang in phase {phase}: {seen} within {key}={bound_s:g}s; the worker group "
+                "was ended and the configurations after it re-queued"
             ),
         }
 
@@ -215,8 +295,10 @@ class GroupRun:
         """Where this configuration's wall-clock went (the group's start is the first's)."""
         windows = self._windows(index) if self.ends[index] else []
         setup = max((w.get(m.SETUP_S) or {} for w in windows[0]), key=len) if windows else {}
+        # a group that never started spent all of it starting
+        start_end = self.started.get(0, self.fit_start + wall_s)
         parts = {
-            "start_s": (self.started.get(0, self.fit_start) - self.fit_start) if index == 0 else 0,
+            "start_s": (start_end - self.fit_start) if index == 0 else 0.0,
             "imports_s": self.imports_s if index == 0 else 0.0,
             "build_s": setup.get("model_build_s", 0.0),
             "wrap_s": setup.get("wrap_s", 0.0),

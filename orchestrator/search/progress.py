@@ -1,13 +1,18 @@
-"""The search's progress on the terminal: one line per finished configuration."""
+"""The search's progress on the terminal: one line per finished configuration, and the
+trials' heartbeat lines while they wait (plain lines: a log file reads like the terminal)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.tune import Callback
 
 from orchestrator.search.trial import OUTCOME, TRIAL_NUMBER
 from train_fns import metrics as m
+
+NOTICE_POLL_S = 1.0
+"""How often the driver looks for the trials' heartbeat lines."""
 
 
 def trial_line(number: int, result: dict[str, Any], params: dict[str, Any]) -> str:
@@ -37,12 +42,29 @@ def comm_text(result: dict[str, Any]) -> str:
 
 
 class ProgressPrinter(Callback):
-    """Print a line as each configuration ends (Tune's own table is turned off)."""
+    """Print a line as each configuration ends (Tune's own table is turned off), and the
+    heartbeat lines the trials put in ``notices`` (a Ray queue; None: there are none)."""
+
+    def __init__(self, notices: Any = None) -> None:
+        self.notices, self.looked = notices, 0.0
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        # Tune steps many times a second; a heartbeat is due every few seconds at most.
+        if time.monotonic() - self.looked >= NOTICE_POLL_S:
+            self._notices()
+
+    def _notices(self) -> None:
+        self.looked = time.monotonic()
+        size = self.notices.qsize() if self.notices is not None else 0
+        for line in self.notices.get_nowait_batch(size) if size else ():
+            print(line, flush=True)
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         from ray.tune.utils.util import unflatten_dict
+
+        self._notices()  # lines put before this result come before its line
 
         full = unflatten_dict(dict(result))
         outcome = full.get(OUTCOME, {})

@@ -27,7 +27,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.config import SAMPLERS
 from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, rank_candidates
+from orchestrator.search.study import INTERRUPTED
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
+from train_fns import metrics as m
 
 MEMORY_PARAMS = (
     "strategy",
@@ -75,6 +77,14 @@ def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampl
 def _key(optuna_params: dict[str, Any]) -> str:
     """Identity of a configuration; repr keeps ``True`` apart from ``1``."""
     return repr(sorted(optuna_params.items()))
+
+
+def _counted(trials: list[FrozenTrial]) -> int:
+    """Trials that count against the budget: run or running (an interrupted one runs again)."""
+    return sum(
+        t.state != TrialState.WAITING and t.user_attrs.get(m.STATE) != INTERRUPTED
+        for t in trials
+    )
 
 
 def _queued_params(trial: FrozenTrial) -> dict[str, Any]:
@@ -130,6 +140,9 @@ class Proposer:
             return 0
         seen = {_key(_queued_params(t)) for t in trials}
         batch = self._next(trials, self._fresh_filter(seen))
+        # Never queue past the budget: what is queued and never run would stay WAITING in the
+        # study (optuna-dashboard shows it as pending work) after the search ends.
+        batch = batch[: max(1, self.budget - _counted(trials))]
         for params in batch:
             study.enqueue_trial(self.space.optuna_params(params), skip_if_exists=True)
         return len(batch)

@@ -19,6 +19,7 @@ from orchestrator.config import Config
 from orchestrator.costmodel import comm_bound
 from orchestrator.plans import plan_from_config
 from orchestrator.search.group_run import GroupRun
+from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.plan import InfeasiblePlan, TrialPlan
@@ -46,6 +47,9 @@ class TrialContext:
     faults: dict[int, str] = field(default_factory=dict)
     link: Any = None
     """The costmodel Link the probe measured (None: no probe): each trial's bound."""
+    notices: Any = None
+    """A queue on the driver for a trial's heartbeat lines (a trial's own prints do not reach
+    the terminal); None: print them."""
 
 
 def sampled_params(config: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
@@ -112,7 +116,8 @@ def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
 
     members: list[Member] = []  # the feasible ones, in the group's order
     try:
-        run = GroupRun(ctx, f"group_{tune.get_context().get_trial_id()}", config.get(NODES))
+        out = ctx.notices.put if ctx.notices is not None else say
+        run = GroupRun(ctx, f"group_{tune.get_context().get_trial_id()}", config.get(NODES), out)
         _measure(run, _members(config[WORK], ctx, report, members), members, ctx, report)
     except Exception as e:  # a driver-side bug must not kill the search; keep its trace
         victim = members[-1] if members else _unstarted(config[WORK])
@@ -171,7 +176,7 @@ def _measure(
             outcome.update(comm_bound(plan, outcome.get(m.NUM_PARAMS, 0), ctx.link))
         report(members[index], outcome)
 
-    run.run(source, emit)
+    run.run(source, emit, label=lambda index: f"trial {members[index].number}")
 
 
 def measure_plans(

@@ -8,6 +8,7 @@ the sampler learns from every one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -250,6 +251,8 @@ def build_tuner(
     deadline: float | None = None,
 ) -> tune.Tuner:  # fmt: skip
     """A Tuner over ``total`` new configurations, grouped into worker groups."""
+    notices = driver_queue()  # the trials' heartbeat lines, printed by the driver
+    ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
     resources = trial_resources(TRIAL_CPU, ctx.config.search.concurrency)
@@ -265,6 +268,6 @@ def build_tuner(
             name="tune",
             storage_path=str(out_dir.resolve()),
             verbose=0,
-            callbacks=[ProgressPrinter()],
+            callbacks=[ProgressPrinter(notices)],
         ),
     )

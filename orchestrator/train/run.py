@@ -26,7 +26,7 @@ from orchestrator.session import (
     start_ray,
 )
 from orchestrator.train.runlog import RunLog, RunRelay
-from orchestrator.workers import Fit, GroupSpec, torch_trainer
+from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
 
 
@@ -87,6 +87,27 @@ def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool
     )
 
 
+def waiting_line(log: RunLog, silent_s: float, workers: int) -> str:
+    """A heartbeat line of a training run: what it waits on, how long nothing came."""
+    if not log.world:
+        return f"training: starting {workers} workers ({silent_s:.0f} s)"
+    return f"training: step {log.last_step}/{log.steps}, nothing new for {silent_s:.0f} s"
+
+
+def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int) -> None:
+    """Log every report; after ``every_s`` without one, a heartbeat line (a restart, a slow
+    start or a stuck step is never silent)."""
+    beat, last = Heartbeat(every_s), [time.monotonic()]
+
+    def take(item: dict[str, Any]) -> None:
+        last[0] = time.monotonic()
+        beat.quiet()
+        log.take(item)
+
+    fit.drain(reports, take, stop=lambda: beat.beat(
+        lambda: waiting_line(log, time.monotonic() - last[0], workers)))  # fmt: skip
+
+
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
     """Start or join Ray, train to the end (or failure), return the summary."""
     import ray
@@ -107,7 +128,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(config.train.start_timeout_s)
         started = time.monotonic()
         fit = Fit(torch_trainer(group_spec(config, spec, env, use_gpu, out, RunRelay(reports))))
-        fit.drain(reports, log.take)
+        drain(fit, reports, log, config.search.heartbeat_s, high)
         error = None if fit.error is None else f"{type(fit.error).__name__}: {fit.error}"[-2000:]
         summary = log.summary(time.monotonic() - started, error)
         log.close()

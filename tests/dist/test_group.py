@@ -47,6 +47,8 @@ def ends_by_rank() -> list[dict[str, dict]]:
     sent = run_distributed(_group_worker, plans, timeout_s=180)
     starts = [msg["index"] for msg in sent[0] if msg["kind"] == START]
     assert starts == list(range(len(SEQUENCE)))  # rank 0 announces each configuration
+    # every rank says it is ready for the first (the driver bounds the group's start by it)
+    assert [msg["index"] for msg in sent[1] if msg["kind"] == START] == [0]
     # every model is freed before the next starts: as many live modules before each
     # configuration, and after the last, as before the first (library-owned ones)
     counts = sent[0][-1]["counts"]

@@ -154,3 +154,12 @@ def test_make_sampler() -> None:
         make_sampler("cmaes", 0, 8)
     with pytest.raises(ValueError, match="budget"):
         Proposer(_space(CPU), "staged", 0)
+
+
+@pytest.mark.parametrize("strategy", ["grid", "staged"])
+def test_nothing_is_queued_past_the_budget(strategy: str) -> None:
+    """A 4-trial search leaves no WAITING trial in the study (the dashboard's pending work)."""
+    space = _space(CPU)
+    study = _run(space, strategy, 4, 4)
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(study.trials) == 4 and not waiting

@@ -1,0 +1,112 @@
+"""Every wait is bounded from the driver: the arithmetic of the bounds and heartbeats (no Ray)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.config import ConfigError, SearchConfig
+from orchestrator.search.group_run import MEASURE, START, GroupRun, bound_of, waiting_on
+from orchestrator.workers import Heartbeat
+from train_fns import metrics as m
+
+
+def test_the_first_configuration_waits_on_the_start_until_every_rank_is_ready() -> None:
+    # rank 0 ready, rank 1 frozen: still the start, counted from fit()'s start
+    assert waiting_on(0, 1, 2, fit_start=10.0, started={}, dispatched=9.0) == (START, 10.0)
+    assert waiting_on(0, 2, 2, 10.0, {0: 25.0}, 9.0) == (MEASURE, 25.0)
+
+
+def test_later_configurations_are_measured_from_their_start_or_dispatch() -> None:
+    assert waiting_on(1, 2, 2, 10.0, {0: 25.0, 1: 60.0}, 55.0) == (MEASURE, 60.0)
+    assert waiting_on(2, 2, 2, 10.0, {0: 25.0}, 55.0) == (MEASURE, 55.0)
+
+
+def test_each_phase_has_its_own_bound() -> None:
+    assert bound_of(START, 40.0, 900.0) == ("search.start_timeout_s", 40.0)
+    assert bound_of(MEASURE, 40.0, 900.0) == ("search.trial_timeout_s", 900.0)
+
+
+def test_start_timeout_is_bounded() -> None:
+    assert SearchConfig().start_timeout_s == 300.0
+    with pytest.raises(ConfigError, match="search.start_timeout_s"):
+        SearchConfig(start_timeout_s=0.0)
+    with pytest.raises(ConfigError, match="search.heartbeat_s"):
+        SearchConfig(heartbeat_s=0.0)
+
+
+def test_heartbeat_speaks_only_after_silence() -> None:
+    now, lines = [0.0], []
+    beat = Heartbeat(30.0, lines.append, clock=lambda: now[0])
+    for t in (10.0, 29.0, 30.0, 45.0, 61.0):
+        now[0] = t
+        assert beat.beat(lambda: f"waiting ({now[0]:.0f} s)") is False  # never stops a drain
+    assert lines == ["waiting (30 s)", "waiting (61 s)"]
+    beat.quiet()  # a result line was shown: the next heartbeat is 30 s after it
+    now[0] = 90.0
+    beat.beat(lambda: "late")
+    assert lines[-1] == "waiting (61 s)"
+
+
+class _Plan(SimpleNamespace):
+    world_size, num_windows = 2, 3
+
+
+def _run(clock: list[float]) -> GroupRun:
+    """A GroupRun at fit() start (t=0) without Ray: a search config and one dispatched plan."""
+    run = GroupRun.__new__(GroupRun)
+    search = SearchConfig(start_timeout_s=40.0, trial_timeout_s=100.0, heartbeat_s=30.0)
+    run.ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+    run.name, run.plans, run.outcomes, run.ends = "g", [_Plan()], [None], [{}]
+    run.started, run.ready, run.progress, run.imports_s = {}, set(), {}, 0.0
+    run.fit_start = run.boundary = run.dispatched = 0.0
+    run.lines = []
+    run.heartbeat = Heartbeat(30.0, run.lines.append, clock=lambda: clock[0])
+    run.label = lambda index: f"trial {index + 4}"
+    return run
+
+
+def test_a_group_that_never_starts_is_a_hang_in_phase_start(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("orchestrator.search.group_run.time.monotonic", lambda: clock[0])
+    run, told = _run(clock), []
+    run._take({"kind": "start", "index": 0, "rank": 0}, lambda i, o: told.append(o))
+    clock[0] = 35.0
+    assert run._late(lambda i, o: told.append(o)) is False
+    assert run.lines == ["trial 4: starting 2 workers (35 s, 1 ready)"]
+    clock[0] = 41.0
+    assert run._late(lambda i, o: told.append(o)) is True
+    (outcome,) = told
+    assert outcome[m.STATE] == m.HANG and outcome["phase"] == START
+    assert "1 of 2 workers ready within search.start_timeout_s=40s" in outcome[m.REASON]
+    # its whole wall-clock was spent starting: none of it is hidden in "other"
+    assert outcome["trial_wall_s"] == 41.0 and outcome["timings"]["start_s"] == 41.0
+
+
+def test_a_started_group_is_bounded_by_trial_timeout(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("orchestrator.search.group_run.time.monotonic", lambda: clock[0])
+    run, told = _run(clock), []
+    clock[0] = 20.0
+    for rank in (0, 1):
+        run._take({"kind": "start", "index": 0, "rank": rank}, told.append)
+    run._take({"kind": "window", "index": 0, "window": 1}, told.append)
+    clock[0] = 119.0  # 99 s after every rank was ready: inside trial_timeout_s, past the start's
+    assert run._late(lambda i, o: told.append(o)) is False
+    assert run.lines == ["trial 4: window 2/3 (99 s)"]
+    clock[0] = 121.0
+    assert run._late(lambda i, o: told.append(o)) is True
+    assert told[0]["phase"] == MEASURE and "1 of 3 windows" in told[0][m.REASON]
+    assert told[0]["timings"]["start_s"] == 20.0
+
+
+def test_a_training_run_heartbeat_says_what_it_waits_on(tmp_path) -> None:
+    from orchestrator.train.run import waiting_line
+    from orchestrator.train.runlog import RunLog
+
+    log = RunLog(tmp_path, steps=100, log_every=10)
+    assert waiting_line(log, 45.2, 2) == "training: starting 2 workers (45 s)"
+    log.world, log.last_step = 2, 40
+    assert waiting_line(log, 31.0, 2) == "training: step 40/100, nothing new for 31 s"
+    log.close()
