@@ -27,6 +27,8 @@ from orchestrator.probe.sweep import (
     run_probe,
     write_csv,
 )
+from orchestrator.probe.tuner_conf import choose, measure, write
+from orchestrator.session import resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
 
@@ -78,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="environment variable for the workers, e.g. NCCL_BUFFSIZE=8388608 (repeatable)",
     )
+    p.add_argument(
+        "--tuner-conf",
+        action="store_true",
+        help="NCCL workers: also sweep each algorithm/protocol and write nccl_tuner.conf "
+        "(the fastest per message size, for NCCL's example tuner plugin)",
+    )
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     return p.parse_args(argv)
 
@@ -90,6 +98,8 @@ def prepare(args: argparse.Namespace) -> tuple[Config, ProbeSettings]:
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"got {args.workers}; it must be at least 1")
     check_out_dir(Path(args.out))
+    if args.tuner_conf and args.backend == "gloo":
+        raise ConfigError("--tuner-conf", "the tuner file is NCCL's; drop --backend gloo")
     base = load_config(args.config) if args.config else Config()
     return probe_config(base, args.workers, args.address, args.backend, env), settings
 
@@ -121,6 +131,34 @@ def main(argv: list[str] | None = None) -> int:
         print("commtune: probe interrupted; nothing written", file=sys.stderr)
         return 1
     print(f"\nwrote {write_csv(rows, out / 'probe.csv')}")
+    if args.tuner_conf:
+        return tuner_conf(config, settings, out)
+    return 0
+
+
+def tuner_conf(config: Config, settings: ProbeSettings, out: Path) -> int:
+    """Sweep every algorithm/protocol on NCCL workers and write nccl_tuner.conf."""
+    import ray
+
+    start_ray(config, verbose=False)
+    try:
+        if not resolve_gpu(config):
+            print("commtune: error: --tuner-conf: the workers are not on GPUs (NCCL); the tuner "
+                  "file is NCCL's", file=sys.stderr)  # fmt: skip
+            return 2
+        storage = str((out / "trainer").resolve())
+        sweeps = measure(config, settings, storage, say=lambda line: print(line, flush=True))
+    except ProbeError as e:
+        print(f"commtune: probe failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    rules = choose(sweeps)
+    path = write(rules, out / "nccl_tuner.conf", -1, config.cluster.num_workers)
+    for rule in rules:
+        print(f"  {rule.op} {rule.min_bytes}..{rule.max_bytes}: {rule.algorithm}/{rule.protocol}")
+    print(f"wrote {path}: load it with NCCL's example tuner plugin (NVIDIA/nccl ext-tuner/"
+          f"example): NCCL_TUNER_PLUGIN=<its .so> NCCL_TUNER_CONFIG_FILE={path.resolve()}")
     return 0
 
 
