@@ -13,6 +13,7 @@ import optuna
 from orchestrator import explain, study
 from orchestrator.config import ClusterConfig, Config, ConfigError, SearchConfig
 from orchestrator.results import baseline_record, overhead_line, records, write_outputs
+from orchestrator.storage import redact
 from orchestrator.trial import TrialContext, storage_dir
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
@@ -167,7 +168,7 @@ def _tune(
     if existing is not None and not resume:
         raise ConfigError(
             "--resume",
-            f"study {config.name!r} already exists in {config.search.storage or out}; "
+            f"study {config.name!r} already exists in {redact(config.search.storage or str(out))}; "
             "pass --resume to continue it, or set another name or storage",
         )
     if existing is not None:

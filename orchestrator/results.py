@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
+from orchestrator.storage import without_password
 from orchestrator.study import INTERRUPTED
 from search_spaces import SearchSpace
 from train_fns import metrics as m
@@ -200,7 +201,7 @@ def write_outputs(
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
         f"{verdict}# measured: {MEASURED}\n"
     )
-    _write_atomic(out / "best.yaml", header + dump_config(chosen))
+    _write_atomic(out / "best.yaml", header + dump_config(without_password(chosen)))
     env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
     _write_atomic(
         out / "best.env",

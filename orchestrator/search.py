@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.study import STUDY_DB
+from orchestrator.storage import STUDY_DB, STUDY_JOURNAL
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
 
@@ -119,12 +119,21 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
     config, faults = check(args)
     out = output_dir(args, config)
-    if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
+    if not args.resume and any((out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, "trials.csv")):
         raise ConfigError(
             "--out",
             f"{out} already holds a study; pass --resume to continue it or choose another --out",
         )
     return config, out, faults
+
+
+def check_storage(config: Config, out: Path) -> str | None:
+    """Check the study's storage (connect to a database URL); what to say about the choice."""
+    from orchestrator import storage
+
+    choice = storage.choose(config.search.storage, out)
+    storage.check(choice)
+    return choice.note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"commtune: error: {e}", file=sys.stderr)
             return 2
         return 0
+    try:  # a bad --storage exits here, not after Ray has started
+        note = check_storage(config, out)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    if note:
+        print(note)
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.monotonic()
