@@ -145,9 +145,8 @@ def normalize(url: str) -> str:
             KEY, f"{redact(url)!r} is not a storage URL ({e}); e.g. "
             "postgresql://user:password@host:5432/db, sqlite:///path/study.db or a .journal path"
         ) from e  # fmt: skip
-    if parsed.drivername in ("postgresql", "postgres") and not _has("psycopg2") and _has(
-        "psycopg"
-    ):
+    psycopg3_only = _has("psycopg") and not _has("psycopg2")
+    if parsed.drivername in ("postgresql", "postgres") and psycopg3_only:
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
 

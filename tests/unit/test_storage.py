@@ -71,8 +71,8 @@ def test_default_on_a_network_disk_is_the_journal_with_the_open_lock(tmp_path: P
     assert type(backend._lock).__name__ == "JournalFileOpenLock"
     study = optuna.create_study(study_name="s", storage=storage)
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
-    assert len(optuna.load_study(study_name="s", storage=choose(None, tmp_path / "run",
-                                                                 mounts).open()).trials) == 2
+    again = choose(None, tmp_path / "run", mounts).open()
+    assert len(optuna.load_study(study_name="s", storage=again).trials) == 2
 
 
 def test_an_existing_sqlite_study_on_a_network_disk_is_kept(tmp_path: Path) -> None:
