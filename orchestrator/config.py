@@ -107,7 +107,8 @@ class SearchConfig:
     step_deadline_s: float = 300.0
     """A trial whose workers finish no step for this long is a hang."""
     storage: str | None = None
-    """Optuna storage URL; default: SQLite ``study.db`` in the output folder."""
+    """Optuna storage URL or journal path; default: SQLite ``study.db`` in the output folder
+    (the journal ``study.journal`` on a network file system; see ``orchestrator.storage``)."""
     prune: bool = True
     """Stop a trial early when it is slower than the best by more than the measured noise."""
     time_budget_min: float | None = None

@@ -6,7 +6,8 @@ After a slow run people walk the same tree by hand (GPU idle -> data, CPU or syn
 Each branch here is a small rule over the files a run wrote, so every finding carries the run's
 numbers as evidence and a concrete fix. A missing file only silences the rules that need it.
 
-Files read from each DIR (and DIR/train): trials.csv, best.yaml, study.db, remeasure.csv,
+Files read from each DIR (and DIR/train): trials.csv, best.yaml, study.db or study.journal,
+remeasure.csv,
 probe.csv, run_info.json (search side); summary.json, progress.csv, grad_norms.csv (a training
 run). run_info.json keys, all optional: backend, world_size, num_nodes, use_gpu, topology,
 single_worker_samples_per_s, memory_capacity_bytes, gpu_util, and link (a name in
@@ -50,6 +51,7 @@ SEARCH_FILES = (
     "trials.csv",
     "best.yaml",
     "study.db",
+    "study.journal",
     "remeasure.csv",
     "probe.csv",
     "run_info.json",

@@ -13,7 +13,7 @@ import optuna
 from orchestrator import explain, study
 from orchestrator.config import ClusterConfig, Config, ConfigError, SearchConfig
 from orchestrator.results import baseline_record, overhead_line, records, write_outputs
-from orchestrator.storage import redact
+from orchestrator.storage import without_password
 from orchestrator.trial import TrialContext, storage_dir
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
@@ -133,7 +133,10 @@ def run_search(
         if config.search.probe and not resume:
             explain.probe(config, out)
         link = explain.probed_link(out)
-        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults, link)
+        # the trials never need the storage's password (ctx is pickled and shipped to Ray)
+        ctx = TrialContext(
+            without_password(config), space, use_gpu, storage_dir(out), task, faults, link
+        )
         storage = study.open_storage(config, out)
         ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
@@ -168,7 +171,7 @@ def _tune(
     if existing is not None and not resume:
         raise ConfigError(
             "--resume",
-            f"study {config.name!r} already exists in {redact(config.search.storage or str(out))}; "
+            f"study {config.name!r} already exists in {config.search.storage or out}; "
             "pass --resume to continue it, or set another name or storage",
         )
     if existing is not None:

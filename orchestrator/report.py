@@ -215,17 +215,20 @@ def _bars(bars: list[tuple[str, float, float]]) -> str:
 
 def section_importance(record: RunRecord) -> str:
     """Which knobs mattered, per Optuna's importance evaluator over the stored study."""
-    path = record.files.get("study.db")
+    path = record.files.get("study.db") or record.files.get("study.journal")
     if path is None:
         return _missing("study.db is missing: importance needs the Optuna study.")
     import optuna
 
+    from orchestrator.storage import open_file
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{path.resolve()}"
+    storage = open_file(path)
     names = optuna.get_all_study_names(storage)
     name = record.name if record.name in names else (names[0] if len(names) == 1 else None)
     if name is None:
-        return _missing(f"study.db holds studies {names}, none named {record.name!r} (best.yaml).")
+        held = f"{path.name} holds studies {names}"
+        return _missing(f"{held}, none named {record.name!r} (best.yaml).")
     study = optuna.load_study(study_name=name, storage=storage)
     why = _importance_blocker(study)
     if why:

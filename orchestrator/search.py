@@ -32,7 +32,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--trials", type=int, help="total trials, baseline included")
     p.add_argument("--out", help="output folder (default: runs/<name>)")
-    p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
+    p.add_argument(
+        "--storage",
+        help="Optuna storage: a database URL (postgresql://...) or a .journal path (default: "
+        "SQLite study.db in --out; study.journal there when --out is on a network disk)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the study in --out")
     p.add_argument(
         "--time-budget",

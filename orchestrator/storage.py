@@ -51,11 +51,28 @@ class StorageChoice:
 
             lock = JournalFileOpenLock(self.target)  # safe on NFSv3+, unlike fcntl locks
             return optuna.storages.JournalStorage(JournalFileBackend(self.target, lock_obj=lock))
-        return optuna.storages.RDBStorage(self.target)
+        return _RDBStorage(self.target)
 
     def shown(self) -> str:
         """The target as it may be printed: a URL's password is never shown."""
         return self.target if self.journal else redact(self.target)
+
+
+class _RDBStorage(optuna.storages.RDBStorage):
+    """An RDBStorage whose pickles hold no password: Ray Tune writes the searcher, and the study
+    in it, to ``tune/tuner.pkl`` in ``--out``. Only the driver connects (with the live object);
+    an unpickled copy fails to authenticate rather than leak."""
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["url"] = redact(self.url)
+        return state
+
+
+def open_file(path: Path) -> optuna.storages.BaseStorage:
+    """The study in a run folder's file (what the report reads): a journal or SQLite."""
+    journal = path.suffix in JOURNAL_SUFFIXES
+    return StorageChoice(str(path) if journal else f"sqlite:///{path.resolve()}", journal).open()
 
 
 def choose(configured: str | None, out: Path, mounts: str | None = None) -> StorageChoice:

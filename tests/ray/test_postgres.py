@@ -110,3 +110,13 @@ def test_the_study_reads_back_through_optunas_public_api(resumed: Resumed) -> No
         "reason"
     ]
     assert study.best_trial.user_attrs["state"] == "complete"
+
+
+def test_a_pickled_storage_holds_no_password(pg: Server) -> None:
+    """Ray Tune pickles the searcher and its study into tune/tuner.pkl in --out."""
+    import pickle
+
+    from orchestrator.storage import choose
+
+    opened = choose(pg.url("postgres"), Path("."))
+    assert PASSWORD.encode() not in pickle.dumps(opened.open())
