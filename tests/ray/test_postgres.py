@@ -8,7 +8,6 @@ search (killed, then resumed) serves every Ray test of this module.
 from __future__ import annotations
 
 import csv
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,6 @@ def test_a_bad_storage_url_exits_2_before_ray(
         "no server": pg.url("postgres", port=free_port()),
         "dialect": pg.url("postgres").replace("postgresql+psycopg", "postgresql+nodriver"),
     }[case]
-    started = time.monotonic()
     code = main(["--preset", "smoke", "--out", str(tmp_path / "out"), "--storage", url])
     err = capsys.readouterr()
     assert code == 2, err
@@ -50,7 +48,7 @@ def test_a_bad_storage_url_exits_2_before_ray(
     assert len(lines) == 1 and "--storage/search.storage" in lines[0], err.err
     assert PASSWORD not in err.err + err.out and "not-the-Pw-x9" not in err.err + err.out
     assert "commtune:***@127.0.0.1" in lines[0], "the URL is named, its password is not"
-    assert time.monotonic() - started < 30 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists(), "stopped before the search made its folder"
     import ray
 
     assert not ray.is_initialized()
@@ -72,7 +70,9 @@ def resumed(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     pg.create_database("studies")
     url = pg.url("studies")
     a, b = tmp_path_factory.mktemp("machine_a"), tmp_path_factory.mktemp("machine_b")
-    args = [*FAST, "--trials", "3", "--set", "search.prune=false", "--storage", url]
+    # 2 trials, no 1-worker scaling baseline: the least search that is killed and resumed
+    args = [*FAST, "--trials", "2", "--set", "search.prune=false", "--storage", url]
+    args += ["--set", "search.scaling_baseline=false"]
     args += ["--set", "search.measure_steps=30"]  # a trial takes seconds: the kill lands in one
     first = kill_during_second_trial([*args, "--out", str(a / "run")], url)
     proc = cli([*args, "--out", str(b / "run"), "--resume"])
@@ -85,7 +85,7 @@ def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
     b = resumed.b
     rows = list(csv.DictReader((b / "trials.csv").open()))
     assert [r["number"] for r in rows] == [str(n) for n in range(len(rows))], "whole, in order"
-    assert len([r for r in rows if r["state"] != "interrupted"]) == 3, rows
+    assert len([r for r in rows if r["state"] != "interrupted"]) == 2, rows
     assert [r for r in rows if r["state"] == "interrupted"], "the killed trial is marked"
     assert float(rows[0]["samples_per_s"]) == pytest.approx(resumed.first)
     for name in ("best.yaml", "best.env", "trials.csv", "run_info.json", "report.html"):
