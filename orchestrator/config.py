@@ -149,7 +149,8 @@ class SearchConfig:
     heartbeat_s: float = 30.0
     """A waiting search, training run or probe prints a plain line after this much silence."""
     storage: str | None = None
-    """Optuna storage URL; default: SQLite ``study.db`` in the output folder."""
+    """Optuna storage URL or journal path; default: SQLite ``study.db`` in the output folder
+    (the journal ``study.journal`` on a network file system; see ``orchestrator.storage``)."""
     prune: bool = True
     """Stop a trial early when it is slower than the best by more than the measured noise."""
     time_budget_min: float | None = None

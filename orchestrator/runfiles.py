@@ -23,8 +23,12 @@ log = logging.getLogger("commtune")
 
 RUN_INFO = "run_info.json"
 STUDY_DB = "study.db"
+STUDY_JOURNAL = "study.journal"
+"""The study on a network file system, where SQLite's locking is unreliable (storage.py)."""
 PROBE_CSV = "probe.csv"
-SEARCH_FILES = ("trials.csv", "best.yaml", STUDY_DB, "remeasure.csv", PROBE_CSV, RUN_INFO)
+SEARCH_FILES = (
+    "trials.csv", "best.yaml", STUDY_DB, STUDY_JOURNAL, "remeasure.csv", PROBE_CSV, RUN_INFO
+)  # fmt: skip
 TRAIN_FILES = ("summary.json", "progress.csv", "grad_norms.csv")
 KNOWN_FILES = SEARCH_FILES + TRAIN_FILES
 TRAIN_RUN_NAME = "train"

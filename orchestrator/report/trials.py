@@ -125,17 +125,20 @@ def _from_remeasure(record: RunRecord) -> str:
 
 def section_importance(record: RunRecord) -> str:
     """Which knobs mattered, per Optuna's importance evaluator over the stored study."""
-    path = record.files.get("study.db")
+    path = record.files.get("study.db") or record.files.get("study.journal")
     if path is None:
         return missing("study.db is missing: importance needs the Optuna study.")
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{path.resolve()}"
+    from orchestrator.storage import open_file
+
+    storage = open_file(path)
     names = optuna.get_all_study_names(storage)
     name = record.name if record.name in names else (names[0] if len(names) == 1 else None)
     if name is None:
-        return missing(f"study.db holds studies {names}, none named {record.name!r} (best.yaml).")
+        held = f"{path.name} holds studies {names}"
+        return missing(f"{held}, none named {record.name!r} (best.yaml).")
     study = optuna.load_study(study_name=name, storage=storage)
     why = _importance_blocker(study)
     if why:

@@ -16,7 +16,7 @@ from pathlib import Path
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import check_entrypoint
-from orchestrator.runfiles import STUDY_DB
+from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
 
@@ -36,7 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--trials", type=int, help="total trials, baseline included")
     p.add_argument("--out", help="output folder (default: runs/<name>)")
-    p.add_argument("--storage", help="Optuna storage URL (default: SQLite study.db in --out)")
+    p.add_argument(
+        "--storage",
+        help="Optuna storage: a database URL (postgresql://...) or a .journal path (default: "
+        "SQLite study.db in --out; study.journal there when --out is on a network disk)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the study in --out")
     p.add_argument(
         "--time-budget",
@@ -127,12 +131,23 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     config, faults = check(args)
     out = output_dir(args, config)
     check_out_dir(out)
-    if not args.resume and any((out / f).exists() for f in (STUDY_DB, "trials.csv")):
+    if not args.resume and any(
+        (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, "trials.csv")
+    ):
         raise ConfigError(
             "--out",
             f"{out} already holds a study; pass --resume to continue it or choose another --out",
         )
     return config, out, faults
+
+
+def check_storage(config: Config, out: Path) -> str | None:
+    """Check the study's storage (connect to a database URL); what to say about the choice."""
+    from orchestrator import storage
+
+    choice = storage.choose(config.search.storage, out)
+    storage.check(choice)
+    return choice.note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"commtune: error: {e}", file=sys.stderr)
             return 2
         return 0
+    try:  # a bad --storage exits here, not after Ray has started
+        note = check_storage(config, out)
+    except ConfigError as e:
+        print(f"commtune: error: {e}", file=sys.stderr)
+        return 2
+    if note:
+        print(note)
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.monotonic()

@@ -26,6 +26,7 @@ from orchestrator.session import (
     resolve_gpu,
     start_ray,
 )
+from orchestrator.storage import without_password
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
 log = logging.getLogger("commtune")
@@ -74,7 +75,10 @@ def run_search(
         if config.search.probe and not resume:
             evidence.measure_link(config, out)
         link = evidence.probed_link(out)
-        ctx = TrialContext(config, space, use_gpu, storage_dir(out), task, faults, link)
+        # the trials never need the storage's password (ctx is pickled and shipped to Ray)
+        ctx = TrialContext(
+            without_password(config), space, use_gpu, storage_dir(out), task, faults, link
+        )
         storage = study.open_storage(config, out)
         ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from orchestrator.config import Config, dump_config
 from orchestrator.runfiles import write_atomic
 from orchestrator.search.study import INTERRUPTED
+from orchestrator.storage import without_password
 from search_spaces import SearchSpace
 from train_fns import metrics as m
 
@@ -202,7 +203,7 @@ def write_outputs(
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
         f"{verdict}# measured: {MEASURED}\n"
     )
-    write_atomic(out / "best.yaml", header + dump_config(chosen))
+    write_atomic(out / "best.yaml", header + dump_config(without_password(chosen)))
     env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
     write_atomic(
         out / "best.env",

@@ -13,20 +13,15 @@ from pathlib import Path
 import optuna
 
 from orchestrator.config import Config
-from orchestrator.runfiles import STUDY_DB
+from orchestrator.storage import choose
 from train_fns import metrics as m
 
 INTERRUPTED = "interrupted"
 
 
 def open_storage(config: Config, out: Path) -> optuna.storages.BaseStorage:
-    """SQLite in the output folder by default; any SQLAlchemy URL or a journal file."""
-    url = config.search.storage or f"sqlite:///{(out / STUDY_DB).resolve()}"
-    if url.endswith((".log", ".journal")) and "://" not in url:
-        from optuna.storages.journal import JournalFileBackend
-
-        return optuna.storages.JournalStorage(JournalFileBackend(url))
-    return optuna.storages.RDBStorage(url)
+    """The storage ``orchestrator.storage.choose`` picks (its rules live there)."""
+    return choose(config.search.storage, out).open()
 
 
 def load(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study | None:

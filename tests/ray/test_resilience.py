@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import csv
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
+from _search import FAST, kill_during_second_trial
+from _search import cli as _cli
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--preset", "smoke", "--set", "search.remeasure_top=0", "--set", "strategy=ddp"]
 DEADLINE_S = 15
-
-
-def _cli(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        **kw,
-    )
 
 
 def _rows(out: Path) -> list[dict]:
@@ -75,30 +61,13 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
     assert not _train_workers(), "no process of a trial survives the search"
 
 
-def _ray_session_pids(session: str) -> list[int]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in ps.splitlines() if session in line]
-
-
 def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     out = tmp_path / "resume"
     # 30 measured steps: a trial takes seconds even in a warm group, so the kill lands in one
     args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
     args += ["--set", "search.measure_steps=30"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.search", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     storage = f"sqlite:///{out / 'study.db'}"
-    first = _wait_for_second_trial(storage, proc)
-    session = os.path.realpath("/tmp/ray/session_latest")
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything in its session
-    proc.wait()
-    for pid in _ray_session_pids(os.path.basename(session)):  # what a node loss would take too
-        os.kill(pid, signal.SIGKILL)
+    first = kill_during_second_trial(args, storage)
 
     resumed = _cli([*args, "--resume"])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -113,22 +82,6 @@ def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     again = _cli([*args, "--resume"])
     assert again.returncode == 0 and "already has 3 of 3 trials" in again.stdout
     assert len(_rows(out)) == len(rows)
-
-
-def _wait_for_second_trial(storage: str, proc: subprocess.Popen) -> float:
-    """Wait until trial 0 completed and trial 1 runs; return trial 0's throughput."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the search ended before it could be killed"
-        try:
-            trials = optuna.load_study(study_name="smoke", storage=storage).trials
-        except (KeyError, Exception):
-            trials = []
-        if len(trials) >= 2 and trials[0].state.is_finished():
-            time.sleep(1)  # well inside trial 1
-            return trials[0].user_attrs["samples_per_s"]
-        time.sleep(1)
-    raise AssertionError("trial 1 never started")
 
 
 def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from orchestrator import doctor
 from orchestrator.report import SECTIONS
 from orchestrator.report import cli as report
+from orchestrator.storage import open_file
 
 CHECKED_TAGS = {"html", "head", "body", "section", "h1", "h2", "table", "tr", "ol", "ul", "li"}
 TRIALS = (
@@ -67,7 +68,7 @@ def write_study(path: Path, name: str, num_trials: int) -> None:
     """A real Optuna study in SQLite, as the search leaves it."""
     study = optuna.create_study(
         study_name=name,
-        storage=f"sqlite:///{path}",
+        storage=open_file(path),
         direction="maximize",
         sampler=optuna.samplers.RandomSampler(seed=0),
     )
@@ -159,6 +160,16 @@ def test_importance_says_why_it_cannot_be_computed(tmp_path: Path) -> None:
     assert report.main([str(folder)]) == 0
     text = (folder / "report.html").read_text()
     assert "Importance cannot be computed: 1 complete trial(s)" in text
+
+
+def test_importance_reads_a_journal_study(tmp_path: Path) -> None:
+    """On a network disk the study is Optuna's journal, not study.db."""
+    folder = write_search(tmp_path / "nfs")
+    (folder / "study.db").unlink()
+    write_study(folder / "study.journal", "crafted", 6)
+    assert report.main([str(folder)]) == 0
+    text = (folder / "report.html").read_text()
+    assert "study.db is missing" not in text and "Over 6 trials of study" in text
 
 
 def test_remeasure_gives_the_interleaved_verdict(tmp_path: Path) -> None:
