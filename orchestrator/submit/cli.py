@@ -56,6 +56,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "reach a remote head with `ray dashboard cluster.yaml`)",
     )
     p.add_argument("--token-file", help="the cluster's auth token (default: Ray's lookup order)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="send the token over plain http:// to a non-loopback address (refused otherwise)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         add_job_parser(sub, name)
@@ -67,6 +72,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     fetch = sub.add_parser("fetch", help="copy the job's outputs (best.yaml and friends) here")
     fetch.add_argument("job_id")
     fetch.add_argument("--dest", help="local folder (default runs/<job id>)")
+    fetch.add_argument(
+        "--force", action="store_true", help="overwrite files of the same names in --dest"
+    )
     pack = sub.add_parser("pack", help=argparse.SUPPRESS)  # runs on the cluster for `fetch`
     pack.add_argument("folder")
     args, rest = p.parse_known_args(argv)

@@ -50,13 +50,40 @@ def find_token(token_file: str | None) -> str | None:
         path = Path(token_file).expanduser()
         if not path.is_file():
             raise SubmitError(f"--token-file: {path} does not exist")
-        return path.read_text().strip() or None
+        return _read_token(path)
     if os.environ.get("RAY_AUTH_TOKEN"):
         return os.environ["RAY_AUTH_TOKEN"].strip()
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
     if not path.is_file():
         return None
+    return _read_token(path)
+
+
+def _read_token(path: Path) -> str | None:
+    """A token file's token; a warning when others may read it (the token is the cluster)."""
+    if path.stat().st_mode & 0o077:
+        print(f"warning: {path} is readable by group or others; chmod 600 {path}",
+              file=sys.stderr, flush=True)  # fmt: skip
     return path.read_text().strip() or None
+
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def check_transport(address: str, has_token: bool, insecure: bool) -> None:
+    """Refuse to send a token over plain HTTP to an address that is not this machine (the
+    tunnel ``ray dashboard`` opens is loopback) unless ``--insecure`` says to."""
+    from urllib.parse import urlparse
+
+    url = urlparse(address if "://" in address else f"http://{address}")
+    host = (url.hostname or "").lower()
+    loopback = host in LOOPBACK or host.startswith("127.")
+    if has_token and url.scheme == "http" and not loopback and not insecure:
+        raise SubmitError(
+            f"--address {address}: the token would cross the network in clear text; use "
+            "https://, the loopback tunnel of `ray dashboard cluster.yaml` "
+            "(http://127.0.0.1:8265), or --insecure if this network is yours"
+        )
 
 
 def client(args: argparse.Namespace):
@@ -65,6 +92,7 @@ def client(args: argparse.Namespace):
     from ray.job_submission import JobSubmissionClient
 
     token = find_token(args.token_file)
+    check_transport(args.address, token is not None, getattr(args, "insecure", False))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         return JobSubmissionClient(args.address, headers=headers)

@@ -10,10 +10,12 @@ import argparse
 import base64
 import io
 import os
+import re
 import shlex
 import sys
 import tarfile
 import uuid
+import zlib
 from pathlib import Path
 
 from orchestrator.submit.jobs import (
@@ -51,7 +53,7 @@ def fetch(args: argparse.Namespace) -> int:
     if outcome(jobs, pack_id, wait_s=300, quiet=True) != 0:
         raise SubmitError(f"could not read {out} on the cluster:\n{jobs.get_job_logs(pack_id)}")
     dest = Path(args.dest or Path("runs") / args.job_id)
-    names = unpack(jobs.get_job_logs(pack_id), dest)
+    names = unpack(jobs.get_job_logs(pack_id), dest, args.force)
     print(f"fetched {len(names)} file(s) into {dest}: {', '.join(names)}")
     return 0
 
@@ -82,14 +84,62 @@ def pack(folder: str) -> int:
     return 0
 
 
-def unpack(logs: str, dest: Path) -> list[str]:
-    """Extract what ``pack`` printed into ``dest``; returns the file names."""
+MAX_FILES = 64
+"""More top-level files than a run folder holds is not a run folder."""
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A run's own files: flat names, no dotfiles, nothing that climbs out of --dest."""
+
+
+def unpack(logs: str, dest: Path, force: bool = False) -> list[str]:
+    """Extract what ``pack`` printed into ``dest``: only a run's own files (flat names, regular
+    files, within the size and count caps), never over an existing file unless ``force``.
+    Anything else is a SubmitError naming what and why; nothing is written then."""
     try:
         text = logs.split(PACK_BEGIN, 1)[1].split(PACK_END, 1)[0]
     except IndexError:
         raise SubmitError(f"the fetch job printed no outputs:\n{logs[-2000:]}") from None
-    dest.mkdir(parents=True, exist_ok=True)
-    blob = io.BytesIO(base64.b64decode("".join(text.split())))
-    with tarfile.open(fileobj=blob, mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
-        return tar.getnames()
+    try:
+        blob = base64.b64decode("".join(text.split()), validate=True)
+    except ValueError as e:
+        raise SubmitError(f"the fetch job's output is not base64 ({e}); fetch again") from None
+    if len(blob) > PACK_LIMIT_BYTES:
+        raise SubmitError(f"the fetched archive is over {PACK_LIMIT_BYTES // 2**20} MiB")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+            members = _checked_members(tar)
+            _check_dest(dest, [m.name for m in members], force)
+            dest.mkdir(parents=True, exist_ok=True)
+            tar.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise SubmitError(f"the fetched archive is unreadable ({type(e).__name__}: {e})") from e
+    return [m.name for m in members]
+
+
+def _checked_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    members = tar.getmembers()
+    if len(members) > MAX_FILES:
+        raise SubmitError(f"the fetched archive holds {len(members)} entries (at most {MAX_FILES})")
+    total = 0
+    for member in members:
+        if not member.isfile() or not SAFE_NAME.fullmatch(member.name):
+            raise SubmitError(f"the fetched archive holds {member.name!r}, not a run's own file")
+        total += member.size
+    if total > PACK_LIMIT_BYTES:
+        raise SubmitError(f"the fetched files come to {total / 2**20:.0f} MiB, over the limit")
+    return members
+
+
+def _check_dest(dest: Path, names: list[str], force: bool) -> None:
+    """``dest`` is a folder (or will be), is no symlink, and holds none of ``names`` unless
+    ``force``."""
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise SubmitError(f"--dest {dest}: not a folder (a symlink or a file); choose another")
+    clashes = [n for n in names if (dest / n).exists() or (dest / n).is_symlink()]
+    if clashes and not force:
+        raise SubmitError(
+            f"--dest {dest} already holds {', '.join(clashes[:5])}; choose an empty folder or "
+            "pass --force to overwrite them"
+        )
+    links = [n for n in clashes if (dest / n).is_symlink()]
+    if links:
+        raise SubmitError(f"--dest {dest}: {links[0]} is a symlink; remove it first")

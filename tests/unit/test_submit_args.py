@@ -201,3 +201,86 @@ def test_submission_waits_for_a_fresh_heads_job_agent(
 
     with pytest.raises(RuntimeError, match="401"):
         jobs.submit_when_ready(Refused(), entrypoint="x")
+
+
+def packed(members: dict[str, bytes], links: dict[str, str] | None = None) -> str:
+    """Job logs holding a tar of ``members`` (and symlinks), as a hostile pack job could print."""
+    import base64
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    blob = base64.b64encode(buf.getvalue()).decode()
+    return f"{transfer.PACK_BEGIN}\n{blob}\n{transfer.PACK_END}\n"
+
+
+@pytest.mark.parametrize(
+    ("logs", "why"),
+    [
+        (packed({"../escape.txt": b"x"}), "not a run's own file"),
+        (packed({"sub/trials.csv": b"x"}), "not a run's own file"),
+        (packed({".bashrc": b"x"}), "not a run's own file"),
+        (packed({"best.yaml": b"x"}, {"link": "/etc/passwd"}), "not a run's own file"),
+        (packed({f"f{i}.csv": b"x" for i in range(65)}), "entries"),
+        (f"{transfer.PACK_BEGIN}\nnot base64!\n{transfer.PACK_END}", "not base64"),
+        (f"{transfer.PACK_BEGIN}\naGVsbG8=\n{transfer.PACK_END}", "unreadable"),
+    ],
+)
+def test_fetch_unpacks_only_a_runs_own_files(tmp_path: Path, logs: str, why: str) -> None:
+    with pytest.raises(jobs.SubmitError, match=why):
+        transfer.unpack(logs, tmp_path / "back")
+    assert not (tmp_path / "back").exists() and not (tmp_path / "escape.txt").exists()
+
+
+def test_fetch_never_overwrites_without_force(tmp_path: Path) -> None:
+    dest = tmp_path / "home"
+    dest.mkdir()
+    (dest / "best.yaml").write_text("mine\n")
+    logs = packed({"best.yaml": b"theirs\n", "trials.csv": b"a\n"})
+    with pytest.raises(jobs.SubmitError, match="--force"):
+        transfer.unpack(logs, dest)
+    assert (dest / "best.yaml").read_text() == "mine\n" and not (dest / "trials.csv").exists()
+    assert sorted(transfer.unpack(logs, dest, force=True)) == ["best.yaml", "trials.csv"]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(jobs.SubmitError, match="symlink"):
+        transfer.unpack(logs, tmp_path / "link")
+
+
+@pytest.mark.parametrize(
+    ("address", "insecure", "refused"),
+    [("http://10.0.0.5:8265", False, True), ("http://10.0.0.5:8265", True, False),
+     ("https://head.example:8265", False, False), ("http://127.0.0.1:8265", False, False),
+     ("http://localhost:8265", False, False), ("10.0.0.5:8265", False, True)],
+)  # fmt: skip
+def test_the_token_never_crosses_a_network_in_clear_text(
+    address: str, insecure: bool, refused: bool
+) -> None:
+    if refused:
+        with pytest.raises(jobs.SubmitError, match="--insecure"):
+            jobs.check_transport(address, True, insecure)
+    else:
+        jobs.check_transport(address, True, insecure)
+    jobs.check_transport(address, False, False)  # no token, nothing to leak
+
+
+def test_a_token_file_others_can_read_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    assert jobs.find_token(str(token)) == "secret"
+    assert "chmod 600" in capsys.readouterr().err
+    token.chmod(0o600)
+    jobs.find_token(str(token))
+    assert capsys.readouterr().err == ""
