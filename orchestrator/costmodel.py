@@ -380,7 +380,8 @@ def rank_candidates(
 
 def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
     """The link a probe measured: the bus bandwidth of its largest all-reduce, and the latency
-    of its smallest divided by that all-reduce's sequential steps (None: no all-reduce rows)."""
+    of its smallest divided by that all-reduce's sequential steps (None: no all-reduce rows, or
+    a probe of one rank)."""
     reduce = sorted(
         (r for r in rows if r.get("op") == "all_reduce"), key=lambda r: float(r["size_bytes"])
     )
@@ -388,5 +389,7 @@ def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
         return None
     n = int(reduce[0]["world_size"])
     bandwidth = float(reduce[-1]["busbw_gbps"]) * 1e9
+    if n < 2 or bandwidth <= 0:
+        return None  # one rank moves nothing: its bus bandwidth is 0, not a link
     latency = float(reduce[0]["time_s"]) / max(1, latency_steps("all_reduce", n))
     return Link(bandwidth, latency, f"probe ({reduce[0].get('backend', '?')})")

@@ -57,6 +57,9 @@ def probe(config: Any, out: Path) -> None:
     from orchestrator.probe import ProbeSettings, run_probe, write_csv
     from orchestrator.trial import storage_dir
 
+    if config.cluster.num_workers < 2:
+        print("probe: skipped: one worker has no link to measure (world size 1)", flush=True)
+        return
     print("probe: all-reduce / all-gather / reduce-scatter sweep before the trials", flush=True)
     # Every other power of two: enough for the bound (latency and large-message bandwidth) at
     # half the cost of the CLI's full sweep.
@@ -106,6 +109,7 @@ def scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[s
     """The baseline measured once on a single worker (skipped when off, on one worker, when
     the baseline failed, or when the time budget is spent), and the gradient bytes."""
     from orchestrator.trial import derive_plan, measure_plans
+    from train_fns.plan import with_world_size
 
     base = baseline_record(recs, ctx.space.baseline())
     extra: dict[str, Any] = {}
@@ -122,7 +126,8 @@ def scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[s
     one = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, num_workers=1))
     single = dataclasses.replace(ctx, config=one)
     print("scaling: measuring the baseline on 1 worker", flush=True)
-    (outcome,) = measure_plans(single, [derive_plan(single, base.params)], "scaling_1worker")
+    plan, env = derive_plan(ctx, base.params)  # the baseline's micro-batch, kept on 1 worker
+    (outcome,) = measure_plans(single, [(with_world_size(plan, 1), env)], "scaling_1worker")
     if outcome.get(m.STATE) != m.COMPLETE:
         print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
         return extra

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from train_fns import metrics as m
 from train_fns.adaptive import Split
 from train_fns.plan import TrialPlan, resplit
@@ -169,14 +167,3 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
 
 def temp_checkpoint_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="commtune-ckpt-"))
-
-
-def mean_over_ranks(values: list[float]) -> list[float]:
-    """Element-wise mean across ranks (every rank calls it at the same step)."""
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
-    return tensor.tolist()
