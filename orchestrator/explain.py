@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.results import TrialRecord, baseline_record
 from search_spaces import SearchContext
 from train_fns import metrics as m
+from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
 RUN_INFO = "run_info.json"
@@ -35,6 +36,7 @@ def write_run_info(out: Path, context: SearchContext, extra: dict[str, Any]) -> 
         world_size=context.world_size,
         num_nodes=context.num_nodes,
         use_gpu=context.use_gpu,
+        nccl_version=nccl_version(),  # the driver's torch, the workers' too (one install)
     )
     info.setdefault("topology", topology())
     info.update(extra)

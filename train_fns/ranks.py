@@ -37,3 +37,12 @@ def reduce_over_ranks(
         if op == "mean":
             tensor /= dist.get_world_size(group)
     return tensor.tolist()
+
+
+def nccl_version() -> str | None:
+    """The NCCL version torch ships (``2.27.5``), None without CUDA: NCCL's accepted values
+    and defaults change between versions, so a run records the one it tuned."""
+    if not torch.cuda.is_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)

@@ -55,3 +55,26 @@ def test_a_probe_of_one_rank_is_no_link() -> None:
     row = {"op": "all_reduce", "size_bytes": "1024", "world_size": "1", "time_s": "1e-5",
            "busbw_gbps": "0"}  # fmt: skip
     assert link_from_probe([row]) is None
+
+
+def test_bf16_on_a_pre_ampere_gpu_is_refused_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from train_fns.precision import prepare_device
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    with pytest.raises(ValueError, match="workload.precision=bf16 .* is 7.0"):
+        prepare_device("bf16", torch.device("cuda", 0))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    prepare_device("fp32", torch.device("cuda", 0))
+    assert torch.backends.cuda.matmul.allow_tf32
+
+
+def test_run_info_records_the_nccl_version_or_null_without_cuda() -> None:
+    import torch
+
+    from train_fns.ranks import nccl_version
+
+    assert (nccl_version() is None) == (not torch.cuda.is_available())
