@@ -240,6 +240,7 @@ def comm_per_step(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     *,
     num_fsdp_units: int = 1,
+    gather_bytes: int | None = None,
 ) -> StepTraffic:
     """Bytes each rank moves, and the time it takes, in one optimizer step.
 
@@ -260,8 +261,9 @@ def comm_per_step(
     DDP's 2(n-1)/n*S: 1.5x and 1x. The motivating write-up's table says about twice (4x vs 2x the
     gradient size), which is what counting FSDP's gradient sync as a full all-reduce (2S) would
     give; FSDP only reduce-scatters (S). Accumulation a makes FSDP's ratio grow to (2a + 1) / 2
-    with resharding, since its all-gathers repeat every micro-step. One ``dtype_bytes`` serves
-    parameters and gradients; a bf16 ``param_dtype`` with fp32 reductions halves the gathers only.
+    with resharding, since its all-gathers repeat every micro-step. ``dtype_bytes`` is the
+    gradients' (reductions stay fp32); ``gather_bytes`` the parameters' all-gather dtype (2 under
+    a bf16/fp16 ``param_dtype``, which halves the gathers only; default ``dtype_bytes``).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
@@ -277,8 +279,9 @@ def comm_per_step(
         parts = (_collective("all_reduce", payload, n, link, algorithm, 1, num_buckets),)
     else:
         gathers = accumulation_steps * (2 if reshard_after_forward else 1)
+        gathered = num_params * (gather_bytes or dtype_bytes)
         parts = (
-            _collective("all_gather", payload, n, link, "ring", gathers, num_fsdp_units),
+            _collective("all_gather", gathered, n, link, "ring", gathers, num_fsdp_units),
             _collective("reduce_scatter", payload, n, link, "ring", 1, num_fsdp_units),
         )
     return StepTraffic(strategy=strategy, world_size=n, link=link, collectives=parts)

@@ -103,6 +103,7 @@ def comm_bound(plan: Any, num_params: int, link: Any) -> dict[str, Any]:
         plan.strategy, num_params, GRAD_BYTES_PER_PARAM, plan.world_size,
         plan.accumulation_steps, plan.fsdp.reshard_after_forward, link,
         bucket_bytes=int(plan.ddp.bucket_cap_mb * 2**20),
+        gather_bytes=2 if plan.precision in ("bf16", "fp16") else None,  # FSDP2 param_dtype
     )  # fmt: skip
     return {"comm_bound_s": traffic.comm_s, "comm_traffic": traffic.summary()}
 

@@ -78,3 +78,14 @@ def test_run_info_records_the_nccl_version_or_null_without_cuda() -> None:
     from train_fns.ranks import nccl_version
 
     assert (nccl_version() is None) == (not torch.cuda.is_available())
+
+
+def test_fsdp_bf16_all_gathers_are_costed_at_two_bytes() -> None:
+    from orchestrator.costmodel import Link, comm_per_step
+
+    link = Link(1e10, 1e-5, "test")
+    fp32 = comm_per_step("fsdp", 10**8, 4, 4, 1, True, link)
+    bf16 = comm_per_step("fsdp", 10**8, 4, 4, 1, True, link, gather_bytes=2)
+    (gather32, scatter32), (gather16, scatter16) = fp32.collectives, bf16.collectives
+    assert gather16.bytes_per_rank * 2 == gather32.bytes_per_rank
+    assert scatter16.bytes_per_rank == scatter32.bytes_per_rank  # reductions stay fp32
