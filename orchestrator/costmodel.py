@@ -245,6 +245,7 @@ def comm_per_step(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     *,
     num_fsdp_units: int = 1,
+    gather_bytes: int | None = None,
 ) -> StepTraffic:
     """Bytes each rank moves, and the time it takes, in one optimizer step.
 
@@ -265,8 +266,9 @@ def comm_per_step(
     DDP's 2(n-1)/n*S: 1.5x and 1x. The motivating write-up's table says about twice (4x vs 2x the
     gradient size), which is what counting FSDP's gradient sync as a full all-reduce (2S) would
     give; FSDP only reduce-scatters (S). Accumulation a makes FSDP's ratio grow to (2a + 1) / 2
-    with resharding, since its all-gathers repeat every micro-step. One ``dtype_bytes`` serves
-    parameters and gradients; a bf16 ``param_dtype`` with fp32 reductions halves the gathers only.
+    with resharding, since its all-gathers repeat every micro-step. ``dtype_bytes`` is the
+    gradients' (reductions stay fp32); ``gather_bytes`` the parameters' all-gather dtype (2 under
+    a bf16/fp16 ``param_dtype``, which halves the gathers only; default ``dtype_bytes``).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
@@ -282,8 +284,9 @@ def comm_per_step(
         parts = (_collective("all_reduce", payload, n, link, algorithm, 1, num_buckets),)
     else:
         gathers = accumulation_steps * (2 if reshard_after_forward else 1)
+        gathered = num_params * (gather_bytes or dtype_bytes)
         parts = (
-            _collective("all_gather", payload, n, link, "ring", gathers, num_fsdp_units),
+            _collective("all_gather", gathered, n, link, "ring", gathers, num_fsdp_units),
             _collective("reduce_scatter", payload, n, link, "ring", 1, num_fsdp_units),
         )
     return StepTraffic(strategy=strategy, world_size=n, link=link, collectives=parts)
@@ -385,7 +388,8 @@ def rank_candidates(
 
 def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
     """The link a probe measured: the bus bandwidth of its largest all-reduce, and the latency
-    of its smallest divided by that all-reduce's sequential steps (None: no all-reduce rows)."""
+    of its smallest divided by that all-reduce's sequential steps (None: no all-reduce rows, or
+    a probe of one rank)."""
     reduce = sorted(
         (r for r in rows if r.get("op") == "all_reduce"), key=lambda r: float(r["size_bytes"])
     )
@@ -393,6 +397,8 @@ def link_from_probe(rows: list[dict[str, Any]]) -> Link | None:
         return None
     n = int(reduce[0]["world_size"])
     bandwidth = float(reduce[-1]["busbw_gbps"]) * 1e9
+    if n < 2 or bandwidth <= 0:
+        return None  # one rank moves nothing: its bus bandwidth is 0, not a link
     latency = float(reduce[0]["time_s"]) / max(1, latency_steps("all_reduce", n))
     return Link(bandwidth, latency, f"probe ({reduce[0].get('backend', '?')})")
 
@@ -411,5 +417,6 @@ def comm_bound(plan: Any, num_params: int, link: Link | None) -> dict[str, Any]:
         plan.strategy, num_params, GRAD_BYTES_PER_PARAM, plan.world_size,
         plan.accumulation_steps, plan.fsdp.reshard_after_forward, link,
         bucket_bytes=int(plan.ddp.bucket_cap_mb * 2**20),
+        gather_bytes=2 if plan.precision in ("bf16", "fp16") else None,  # FSDP2 param_dtype
     )  # fmt: skip
     return {"comm_bound_s": traffic.comm_s, "comm_traffic": traffic.summary()}

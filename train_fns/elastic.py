@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from train_fns import metrics as m
 from train_fns.adaptive import Split
 from train_fns.metrics import STATE_FILE
@@ -144,14 +142,3 @@ def read_state(directory: Path) -> dict[str, Any]:
 
 def temp_checkpoint_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="commtune-ckpt-"))
-
-
-def mean_over_ranks(values: list[float]) -> list[float]:
-    """Element-wise mean across ranks (every rank calls it at the same step)."""
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
-    return tensor.tolist()

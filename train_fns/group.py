@@ -14,9 +14,10 @@ every rank for the first: the driver, not a watchdog in a process that may be fr
 group's start by it), ``{"kind": "window", "index": i, "window": k}`` from rank 0 as each
 measured window ends (the driver's heartbeat shows it), then from every rank
 ``{"kind": "end", "index": i, "rank": r, "status": complete|pruned|oom, "windows": [...],
-"reason": ...}``. An out-of-memory error that strikes every rank alike is recorded and the group
-goes on; one that strikes some ranks only leaves the others in a collective until their
-watchdog ends them, and the driver re-queues what was not measured.
+"reason": ...}``. An out-of-memory error that strikes every rank at the same step is recorded
+and the group goes on (agreed over a gloo side group, ``agree_all_oom``); any other ends the
+group (peers still in a collective are ended by their watchdog), and the driver re-queues what
+was not measured.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -32,8 +34,12 @@ import torch.distributed as dist
 from train_fns import metrics as m
 from train_fns.loop import run_training
 from train_fns.plan import TrialPlan
+from train_fns.ranks import reduce_over_ranks
 
 START, WINDOW, END = "start", "window", "end"
+AGREE_TIMEOUT_S = 900.0
+"""How long a rank that ran out of memory waits for its peers' verdict: longer than a step
+deadline, since a peer stuck in a collective is ended by its watchdog, which gloo reports."""
 
 
 def evaluate_plans(
@@ -46,6 +52,7 @@ def evaluate_plans(
 ) -> None:
     """Measure each plan in turn on this rank until ``next_plan`` gives None; ``started``
     (group set-up times, e.g. imports) rides along with the first start message."""
+    side = side_group(world_size)
     for index, plan in enumerate(iter(next_plan, None)):
         if rank == 0 or index == 0:
             send({"kind": START, "index": index, "rank": rank, "time": time.time(),
@@ -58,12 +65,12 @@ def evaluate_plans(
             if rank == 0:
                 send({"kind": WINDOW, "index": index, "window": len(windows)})
 
-        status, reason = m.COMPLETE, ""
+        status, reason, oom_step = m.COMPLETE, "", -1
         try:
             if not run_training(plan, rank, world_size, device, on_window):
                 status = m.PRUNED
         except torch.OutOfMemoryError as e:
-            status, reason = m.OOM, str(e)
+            status, reason, oom_step = m.OOM, str(e), getattr(e, "step", -1)
         free_start = time.perf_counter()
         free_memory(device)
         send(
@@ -78,7 +85,7 @@ def evaluate_plans(
             }
         )
         if status == m.OOM:
-            agree_all_oom(device)
+            agree_all_oom(side, world_size, oom_step)
 
 
 def free_memory(device: torch.device) -> None:
@@ -90,15 +97,46 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def agree_all_oom(device: torch.device) -> None:
-    """Go on only if every rank ran out of memory in this configuration.
+def side_group(world_size: int) -> dist.ProcessGroup | None:
+    """A gloo group over the same ranks, for agreements outside the training collectives.
 
-    A rank that did not is still inside a collective: this one then waits here until that
-    rank's watchdog ends it, which ends the group (the driver has the OOM message already).
+    NCCL matches collectives by order on its communicator: a flag all-reduced there by a rank
+    that ran out of memory pairs with whatever a peer is waiting in (a bucket all-reduce, an
+    FSDP all-gather): a hang until the watchdog, or a garbage flag. Gloo's separate
+    communicator cannot be confused with them. Every rank must create it at the same point
+    (``new_group`` is collective), so it is made once per worker group. None on one rank.
     """
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not (dist.is_initialized() and world_size > 1):
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=AGREE_TIMEOUT_S))
+
+
+def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) -> str | None:
+    """Why the group cannot go on after an out-of-memory error (None: it can).
+
+    Only when every rank ran out of memory at the same step did all of them stop at the same
+    point of the collective sequence; otherwise some rank may have left a collective half
+    issued on the training communicator.
+    """
+    if num_oom != world_size:
+        return f"out of memory on {num_oom} of {world_size} ranks only"
+    if first_step != last_step:
+        return f"out of memory at different steps ({first_step} to {last_step})"
+    return None
+
+
+def agree_all_oom(group: dist.ProcessGroup | None, world_size: int, step: int) -> None:
+    """Go on only if every rank ran out of memory at the same step (``oom_verdict``).
+
+    Agreed over the gloo side group. A rank that did not run out of memory is still inside a
+    training collective: this one then waits here until that rank's watchdog ends it (gloo
+    then reports the lost peer) or the side group's timeout; either ends the group, and the
+    driver has the OOM message already.
+    """
+    if group is None:
         return
-    flag = torch.ones(1, device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(flag)
-    if int(flag.item()) != dist.get_world_size():
-        raise RuntimeError("out of memory on some ranks only; the group cannot go on")
+    (num_oom,) = reduce_over_ranks([1.0], op="sum", group=group)
+    last, neg_first = reduce_over_ranks([step, -step], op="max", group=group)
+    why = oom_verdict(round(num_oom), world_size, round(-neg_first), round(last))
+    if why is not None:
+        raise RuntimeError(f"{why}; the worker group cannot go on")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from train_fns import metrics as m
@@ -25,7 +24,8 @@ from train_fns.hf_workload import hf_workload
 from train_fns.metrics import HANG_EXIT_CODE
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
-from train_fns.strategies import sync_gradients, wrap_model
+from train_fns.ranks import reduce_over_ranks
+from train_fns.strategies import discard_unsynced_gradients, sync_gradients, wrap_model
 from train_fns.timing import StepTimer, gpu_utilization, peak_memory_bytes
 from train_fns.watchdog import Watchdog
 from train_fns.workload import Workload, WorkloadContext, as_workload, load_entrypoint, to_device
@@ -44,16 +44,6 @@ def window_ends(plan: TrialPlan) -> list[int]:
         done += base + (1 if window < extra else 0)
         ends.append(done)
     return ends
-
-
-def _across_ranks(value: Tensor, mean: bool = True) -> float:
-    """All-reduce mean, or max (every rank calls this at the same window boundary)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
-        if mean:
-            value /= dist.get_world_size()
-    return float(value)
 
 
 @dataclass
@@ -132,7 +122,7 @@ class StepRunner:
     def nosync_reference(self, step: int) -> float:
         """Seconds of one forward+backward of micro-step 0 with gradient sync off, then
         discarded: the compute-only twin of ``sync_micro`` when there is no accumulation
-        (every micro-step syncs). Costs one micro-step; gradients are zeroed after."""
+        (every micro-step syncs). Costs one micro-step; its gradients are discarded after."""
         batch = self.batch(step, 0)
         start = self.timer.now()
         with sync_gradients(self.model, self.plan, enabled=False), self.precision.autocast():
@@ -140,6 +130,7 @@ class StepRunner:
         self.precision.backward(loss)
         elapsed = self.timer.now() - start
         self.optimizer.zero_grad(set_to_none=True)
+        discard_unsynced_gradients(self.model)  # FSDP2 keeps them where zero_grad cannot see
         return elapsed
 
 
@@ -184,7 +175,7 @@ def _window_metrics(
         m.OPTIM_S: times["optim"],
         m.SYNC_MICRO_S: times["sync_micro"],
         m.NOSYNC_MICRO_S: nosync_s,
-        m.LOSS: _across_ranks(loss),
+        m.LOSS: reduce_over_ranks([float(loss)])[0],
         m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
@@ -193,9 +184,7 @@ def _window_metrics(
         m.GPU_UTIL: gpu_utilization(runner.device),
         m.WINDOW_WALL_S: window_wall_s,
         # a synchronous step is as slow as its slowest rank
-        m.GLOBAL_STEP_TIME_S: _across_ranks(
-            torch.tensor(times["total"], dtype=torch.float64, device=runner.device), mean=False
-        ),
+        m.GLOBAL_STEP_TIME_S: reduce_over_ranks([times["total"]], op="max")[0],
     }
 
 
@@ -249,15 +238,18 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
 
 
 def _run_step_with_context(runner: StepRunner, step: int) -> Tensor:
-    """``run_step``; an OOM is re-raised (same type) saying where and at what peak memory."""
+    """``run_step``; an OOM is re-raised (same type) saying where and at what peak memory, and
+    carrying the step (``group.agree_all_oom``)."""
     try:
         return runner.run_step(step)
     except torch.OutOfMemoryError as e:
         peak_gib = peak_memory_bytes(runner.device) / 2**30
-        raise torch.OutOfMemoryError(
+        error = torch.OutOfMemoryError(
             f"rank {runner.rank}, step {step}, micro_batch={runner.plan.micro_batch}, "
             f"peak {peak_gib:.1f} GiB: {e}"
-        ) from e
+        )
+        error.step = step  # the group goes on only if every rank ran out at the same step
+        raise error from e
 
 
 def run_training(

@@ -59,6 +59,22 @@ def resplit(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[i
     return None
 
 
+def with_world_size(plan: TrialPlan, world_size: int) -> TrialPlan:
+    """``plan`` on ``world_size`` workers with the same micro-batch, accumulation raised (or
+    lowered) to keep the global batch: what a scaling comparison needs, since a different
+    micro-batch runs different kernels, and the whole global batch in one micro-step may not
+    fit one GPU. Raises InfeasiblePlan when ``world_size x micro_batch`` does not divide it.
+    """
+    per_step = world_size * plan.micro_batch
+    if world_size < 1 or plan.global_batch % per_step:
+        raise InfeasiblePlan(
+            f"global_batch={plan.global_batch} is not a multiple of world_size={world_size} x "
+            f"micro_batch={plan.micro_batch}"
+        )
+    accumulation = plan.global_batch // per_step
+    return dataclasses.replace(plan, world_size=world_size, accumulation_steps=accumulation)
+
+
 @dataclass(frozen=True)
 class DDPOptions:
     """Knobs of ``torch.nn.parallel.DistributedDataParallel``; defaults are torch's."""

@@ -15,6 +15,26 @@ from torch import Tensor
 from train_fns.plan import TrialPlan
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BF16_MIN_CAPABILITY = (8, 0)
+"""Ampere: the first GPUs with bf16 tensor cores. Before it torch emulates bf16, slower than
+fp32, so a bf16 trial on a V100 measures the emulation, not the configuration."""
+
+
+def prepare_device(precision: str, device: torch.device) -> None:
+    """Refuse bf16 where the GPU would emulate it, and let fp32 matmuls use TF32 tensor cores
+    (as every GPU training recipe does; without it compute is slow enough to hide the
+    communication the search is tuning)."""
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if precision == "bf16" and capability < BF16_MIN_CAPABILITY:
+        raise ValueError(
+            f"workload.precision=bf16 needs a GPU of compute capability 8.0 or newer; this one "
+            f"is {capability[0]}.{capability[1]} (bf16 would be emulated): use fp16 or fp32"
+        )
+    if precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 class Precision:
@@ -28,6 +48,7 @@ class Precision:
     def __init__(self, plan: TrialPlan, device: torch.device) -> None:
         if plan.precision == "fp16" and device.type != "cuda":
             raise ValueError("precision=fp16 needs a CUDA device (GradScaler is CUDA-only)")
+        prepare_device(plan.precision, device)
         self.device = device
         self.dtype = AUTOCAST_DTYPES.get(plan.precision)
         self.scaler = torch.amp.GradScaler("cuda") if plan.precision == "fp16" else None

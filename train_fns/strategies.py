@@ -143,3 +143,22 @@ def canonical_name(name: str) -> str:
     """A parameter name without wrapper prefixes, equal across strategies."""
     name = name.removeprefix("module.")
     return name.replace(CHECKPOINT_PREFIX, "")
+
+
+def discard_unsynced_gradients(model: nn.Module) -> None:
+    """Drop the gradients of backwards run with sync off, so the next synced step starts clean.
+
+    DDP keeps them in ``param.grad`` (``zero_grad`` clears them). FSDP2 keeps them unsharded in
+    its own buffers (the unsharded parameter's ``grad``, or ``unsharded_accumulated_grad`` under
+    a reduce dtype) until the next synced backward adds them in and reduce-scatters the sum;
+    ``zero_grad`` only sees the sharded parameters. torch 2.13 has no public call for this, so
+    the buffers are cleared through FSDPParam (tests/dist/test_reference_step.py pins it).
+    """
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            fsdp_param.unsharded_accumulated_grad = None
+            if hasattr(fsdp_param, "_unsharded_param"):
+                fsdp_param._unsharded_param.grad = None

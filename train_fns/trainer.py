@@ -19,7 +19,6 @@ from train_fns.elastic import (
     RNG_SCHEME,
     RunSpec,
     load_checkpoint,
-    mean_over_ranks,
     plan_for_world,
     read_state,
     save_checkpoint,
@@ -31,6 +30,7 @@ from train_fns.elastic import (
 from train_fns.gradients import layer_grad_norms
 from train_fns.loop import StepRunner, build_runner
 from train_fns.plan import TrialPlan
+from train_fns.ranks import reduce_over_ranks
 from train_fns.watchdog import Watchdog
 
 Report = Callable[[dict[str, Any], Path | None], None]
@@ -130,7 +130,7 @@ class ElasticTrainer:
         seen = self.state["samples_seen"] + plan.global_batch
         self.state = {"step": step + 1, "samples_seen": seen}
         comm, compute = self._comm_split(times, plan)
-        mean_loss, comm, compute = mean_over_ranks([float(loss), comm, compute])
+        mean_loss, comm, compute = reduce_over_ranks([float(loss), comm, compute])
         metrics = self._metrics(runner, step, times, mean_loss, comm, compute, start)
         if self.adaptive is not None:
             self._adapt(runner, comm, compute, step)

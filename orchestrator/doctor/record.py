@@ -2,10 +2,10 @@
 
 Files read from each folder (and its ``train`` subfolder): trials.csv, best.yaml, study.db (or
 study.journal), remeasure.csv, probe.csv, run_info.json (search side); summary.json,
-progress.csv, grad_norms.csv (a training run). run_info.json keys, all optional: backend, world_size,
-num_nodes, use_gpu, topology, single_worker_samples_per_s, memory_capacity_bytes, gpu_util,
-and link (a name in ``costmodel.LINKS``) or grad_bytes (gradient bytes per step) for the
-bandwidth check. An unreadable file is noted and skipped: the other rules still run.
+progress.csv, grad_norms.csv (a training run). run_info.json keys, all optional: backend,
+world_size, num_nodes, use_gpu, topology, single_worker_samples_per_s, memory_capacity_bytes,
+gpu_util, and link (a name in ``costmodel.LINKS``) or grad_bytes (gradient bytes per step) for
+the bandwidth check. An unreadable file is noted and skipped: the other rules still run.
 """
 
 from __future__ import annotations

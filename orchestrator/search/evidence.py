@@ -16,10 +16,14 @@ from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.trial import derive_plan, measure_plans
 from orchestrator.session import resolve_gpu
 from train_fns import metrics as m
+from train_fns.plan import with_world_size
 
 
 def measure_link(config: Any, out: Path) -> None:
     """The bandwidth probe once, on the trials' workers and environment: probe.csv."""
+    if config.cluster.num_workers < 2:
+        print("probe: skipped: one worker has no link to measure (world size 1)", flush=True)
+        return
     print("probe: all-reduce / all-gather / reduce-scatter sweep before the trials", flush=True)
     # Every other power of two: enough for the bound (latency and large-message bandwidth) at
     # half the cost of the CLI's full sweep.
@@ -61,7 +65,8 @@ def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -
     one = dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, num_workers=1))
     single = dataclasses.replace(ctx, config=one)
     print("scaling: measuring the baseline on 1 worker", flush=True)
-    (outcome,) = measure_plans(single, [derive_plan(single, base.params)], "scaling_1worker")
+    plan, env = derive_plan(ctx, base.params)  # the baseline's micro-batch, kept on 1 worker
+    (outcome,) = measure_plans(single, [(with_world_size(plan, 1), env)], "scaling_1worker")
     if outcome.get(m.STATE) != m.COMPLETE:
         print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
         return extra

@@ -28,6 +28,7 @@ from orchestrator.session import (
 )
 from orchestrator.storage import without_password
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
 
@@ -199,4 +200,5 @@ def _context_info(context: SearchContext) -> dict:
         "world_size": context.world_size,
         "num_nodes": context.num_nodes,
         "use_gpu": context.use_gpu,
+        "nccl_version": nccl_version(),  # the driver's torch, the workers' too (one install)
     }

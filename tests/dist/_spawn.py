@@ -7,6 +7,7 @@ module (spawned children import it by name); its return values come back in rank
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import tempfile
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _placement import SimulatedAccelerator, check_collectives
 from torch.distributed.tensor import DTensor
 
 from train_fns.strategies import canonical_name
@@ -31,30 +33,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world_size: int, port: int, out_dir: str, args: tuple) -> None:
+def _entry(
+    rank: int,
+    fn: Callable,
+    world_size: int,
+    port: int,
+    out_dir: str,
+    args: tuple,
+    simulate_gpu: bool = False,
+) -> None:
     # Two workers on a 2-core machine: one thread each, or they fight for cores.
     torch.set_num_threads(1)
+    check_collectives()  # every dist test checks where collective tensors live
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     # On an exception the process just exits: a clean destroy would wait for a peer that may
     # itself be blocked in a collective, turning one failure into a hang.
-    result = fn(rank, world_size, *args)
+    with SimulatedAccelerator() if simulate_gpu else contextlib.nullcontext():
+        result = fn(rank, world_size, *args)
     dist.destroy_process_group()
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
 def run_distributed(
-    fn: Callable, *args: Any, world_size: int = WORLD_SIZE, timeout_s: float = 120.0
+    fn: Callable,
+    *args: Any,
+    world_size: int = WORLD_SIZE,
+    timeout_s: float = 120.0,
+    simulate_gpu: bool = False,
 ) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks; returns each rank's result, rank order.
 
     Raises if a rank fails (with its traceback) or the group does not finish in time.
+    ``simulate_gpu`` runs ``fn`` as a GPU worker would place its tensors (``_placement``).
     """
     with tempfile.TemporaryDirectory(prefix="commtune-dist-") as out_dir:
         context = mp.start_processes(
             _entry,
-            args=(fn, world_size, free_port(), out_dir, args),
+            args=(fn, world_size, free_port(), out_dir, args, simulate_gpu),
             nprocs=world_size,
             join=False,
             start_method="spawn",
