@@ -7,6 +7,7 @@ here, once, and an impossible split is an ``InfeasiblePlan``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,24 @@ def resolve_task(config: Config) -> str | None:
 
     hf = resolve_model_config(config.workload.model, config.workload.model_overrides)
     return default_task(hf)
+
+
+def absolute_paths(config: Config) -> Config:
+    """The config with its workload's local paths made absolute here: trials and workers run
+    in folders of their own (a Tune trial's working directory), where a relative path would
+    name nothing."""
+    workload = config.workload
+    changes: dict[str, Any] = {}
+    module, sep, name = str(workload.entrypoint).rpartition(":")
+    if workload.entrypoint is not None and module.endswith(".py"):
+        changes["entrypoint"] = f"{Path(module).expanduser().resolve()}{sep}{name}"
+    if workload.data != "synthetic":
+        changes["data"] = str(Path(workload.data).expanduser().resolve())
+    if workload.tokenizer:
+        changes["tokenizer"] = str(Path(workload.tokenizer).expanduser().resolve())
+    if Path(workload.model).expanduser().is_dir():
+        changes["model"] = str(Path(workload.model).expanduser().resolve())
+    return dataclasses.replace(config, workload=dataclasses.replace(workload, **changes))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
-from orchestrator.plans import check_entrypoint
+from orchestrator.plans import absolute_paths, check_entrypoint
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
@@ -114,6 +114,7 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     except SpaceError as e:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     faults = parse_faults(args.inject_faults)
+    config = absolute_paths(config)
     check_entrypoint(config)
     return config, faults
 

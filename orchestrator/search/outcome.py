@@ -7,6 +7,7 @@ are tested on their own.
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
@@ -128,7 +129,29 @@ def classify_failure(
     if any(mark in low for mark in crash_marks):
         first = next((t for t in failure_texts(exc) if "died" in t.lower()), text)
         return m.CRASH, f"a worker process died: {_one_line(first)}"
+    tail = traceback_tail(text)
+    if tail is not None:  # the training code raised in a worker (the user's own, often)
+        return m.CRASH, f"the training code raised {_one_line(tail)}"
     return m.ERROR, _one_line(text)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$", re.M)
+
+
+def traceback_tail(text: str) -> str | None:
+    """A worker traceback's last lines: the exception raised and the frame that raised it
+    (what a user needs first), or None when ``text`` holds no traceback."""
+    last_tb = text.rfind("Traceback (most recent call last)")
+    if last_tb < 0:
+        return None
+    body = text[last_tb:]
+    frames = _FRAME.findall(body)
+    raised = [r for r in _RAISED.findall(body) if not r.startswith("Traceback")]
+    if not raised:
+        return None
+    where = f" (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    return f"{raised[-1].strip()}{where}"
 
 
 def _one_line(text: str, limit: int = 300) -> str:

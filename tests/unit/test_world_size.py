@@ -89,3 +89,18 @@ def test_fsdp_bf16_all_gathers_are_costed_at_two_bytes() -> None:
     (gather32, scatter32), (gather16, scatter16) = fp32.collectives, bf16.collectives
     assert gather16.bytes_per_rank * 2 == gather32.bytes_per_rank
     assert scatter16.bytes_per_rank == scatter32.bytes_per_rank  # reductions stay fp32
+
+
+def test_nccl_knobs_are_dropped_on_one_gpu() -> None:
+    """At world size 1 NCCL skips algorithm selection (a local copy): every NCCL knob is
+    inert, so the space drops them and says why, as it does on gloo."""
+    from search_spaces import SearchContext, SearchSpace, load_spaces
+
+    one = SearchContext("nccl", "ddp", True, 1, 1, 8)
+    space = SearchSpace(load_spaces(["accumulation", "nccl"]), one)
+    assert not any(name.startswith("NCCL_") for name in space.param_names)
+    assert any(what == "nccl" and "1 worker" in why for what, why in space.dropped())
+    two = SearchSpace(
+        load_spaces(["accumulation", "nccl"]), SearchContext("nccl", "ddp", True, 2, 1, 8)
+    )
+    assert any(name.startswith("NCCL_") for name in two.param_names)
