@@ -122,3 +122,29 @@ def test_remeasure_repeats_disturbed_runs_a_bounded_number_of_times(tmp_path: Pa
     assert windows == 3 and runs[-1].repeats == (Measure(13.5, 0.29), Measure(22.4, 0.10))
     assert judge(runs, windows) == verdict
     assert verdict.chosen.number == 5
+
+
+def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -> None:
+    from orchestrator.config import Config
+    from orchestrator.search.results import write_outputs
+    from search_spaces import SearchContext, SearchSpace, load_spaces
+
+    context = SearchContext("gloo", "ddp", False, world_size=2, num_nodes=1, global_batch=16)
+    space = SearchSpace(load_spaces(["accumulation"]), context)
+    points = [p for p in space.grid() if p != space.baseline()]
+    speeds = {0: 22.0, 5: 25.0, 1: 24.0, 2: 30.0}  # the search alone would pick trial 2
+    recs = [
+        TrialRecord(n, m.COMPLETE, "", space.baseline() if n == 0 else points[k % len(points)],
+                    {m.SAMPLES_PER_S: v})
+        for k, (n, v) in enumerate(speeds.items())
+    ]  # fmt: skip
+    lines = write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 3))
+    head = (tmp_path / "best.yaml").read_text().splitlines()[:2]
+    assert head[0] == "# commtune best configuration: trial 5, 25.00 samples/s"
+    assert head[1].startswith("# re-measured beside the baseline: keep trial 5: 1.20x baseline")
+    assert "from 2 paired comparisons" in head[1]
+    assert "keep trial 5" in lines[-1]
+    write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 1))
+    head = (tmp_path / "best.yaml").read_text().splitlines()[:2]
+    assert head[0].startswith("# commtune best configuration: trial 0,")  # too noisy: baseline
+    assert "too noisy to decide" in head[1]
