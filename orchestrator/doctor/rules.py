@@ -59,6 +59,24 @@ def _pct(x: float) -> str:
     return f"{x:.0%}" if x >= 0.1 else f"{x:.1%}"
 
 
+def rule_corrupt(record: RunRecord) -> Finding | None:
+    """Wrong results outrank slow ones: a configuration whose losses or gradient norm left
+    the baseline's computes something else, however fast it was."""
+    bad = [r for r in record.trials if r.get("state") == "corrupt"]
+    if not bad:
+        return None
+    shown = "; ".join(f"trial {r['number']}: {r.get('reason', '')}" for r in bad[:3])
+    return Finding(
+        "high",
+        f"{len(bad)} configuration(s) computed wrong results (corrupt)",
+        shown,
+        "never deploy these settings: check the NCCL variables they set (forced protocols such "
+        "as NCCL_PROTO=LL128, NCCL_P2P_DISABLE), comm hooks and the accumulation path; run "
+        "the same configuration with NCCL_DEBUG=INFO and compare its losses with the baseline",
+        1e6 + len(bad),
+    )
+
+
 def rule_data_wait(record: RunRecord) -> Finding | None:
     """GPU idle -> waiting for input: the cheapest branch to fix, so it is checked first."""
     step = focus_step(record)
@@ -341,6 +359,7 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
 
 
 RULES: list[Callable[[RunRecord], Finding | None]] = [
+    rule_corrupt,
     rule_data_wait,
     rule_comm_fraction,
     rule_bandwidth,

@@ -108,6 +108,10 @@ def issue_18_rows() -> list[dict[str, str]]:
 
 
 CASES = {
+    "rule_corrupt": mutate(healthy(), trials=[
+        trial_row(0, 100.0),
+        trial_row(1, 150.0, state="corrupt", reason="warm-up step 0 grad norm 2.1 vs 1.9"),
+    ]),  # fmt: skip
     "rule_measurement_noise": mutate(healthy(), remeasure=issue_18_rows()),
     "rule_data_wait": best_row(healthy(), data_s="0.04"),
     "rule_comm_fraction": best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"),
@@ -279,3 +283,10 @@ def test_noise_names_the_disturbed_run_and_gains_inside_window_cv() -> None:
     finding = rules.rule_measurement_noise(claim)
     assert "trial 1 claims +10% with window cv 15%" in finding.evidence
     assert finding.severity == "medium" and "search.windows" in finding.fix
+
+
+def test_corrupt_configurations_come_first() -> None:
+    rec = mutate(CASES["rule_corrupt"], summary={"steps": 1000, "nonfinite_steps": 5})
+    found = diagnose(rec)
+    assert found[0].title.startswith("1 configuration(s) computed wrong results")
+    assert "trial 1: warm-up step 0 grad norm" in found[0].evidence
