@@ -34,3 +34,30 @@ def test_not_a_number_is_corrupt_and_missing_figures_are_not_judged() -> None:
     assert guard_check(None, BASE) is None and guard_check(BASE, {}) is None
     assert check(BASE, {"losses": BASE["losses"][:2], "grad_norms": []}) is None  # fewer steps
     assert relative_gap(0.0, 0.0) == 0.0
+
+
+def test_a_group_reports_a_corrupt_configuration_as_corrupt() -> None:
+    """The group's driver judges each configuration against the baseline figures its
+    ``Member`` carries, before the result reaches Tune, the printer and Optuna."""
+    from types import SimpleNamespace
+
+    from orchestrator.search.trial import Member, _measure
+    from train_fns import metrics as m
+    from train_fns.plan import TrialPlan
+
+    plan = TrialPlan("bert-tiny", "mlm", 16, 8, 2, 1, 4)
+    wrong = {"losses": BASE["losses"], "grad_norms": [2.35, *BASE["grad_norms"][1:]]}
+
+    class Run:
+        plans, env, nodes = [plan, plan], {}, None
+
+        def run(self, source, emit):
+            emit(0, {m.STATE: m.COMPLETE, m.GUARD: BASE})
+            emit(1, {m.STATE: m.COMPLETE, m.GUARD: wrong})
+
+    told: list[tuple[int, dict]] = []
+    members = [Member(1, {}, None, BASE), Member(2, {}, None, BASE)]
+    _measure(Run(), iter(()), members, SimpleNamespace(link=None), lambda mb, o: told.append(
+        (mb.number, o)))  # fmt: skip
+    assert [(n, o[m.STATE]) for n, o in told] == [(1, m.COMPLETE), (2, m.CORRUPT)]
+    assert told[1][1][m.REASON].startswith("warm-up step 0 grad norm 2.35 vs the baseline's 2.1")
