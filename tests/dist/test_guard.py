@@ -38,6 +38,12 @@ KNOBS = {
         "strategy": "fsdp", "accumulation_steps": 4, "activation_checkpointing": True
     },
 }
+BF16 = {
+    f"bf16 {name}": {**changes, "precision": "bf16"}
+    for name, changes in KNOBS.items()
+    if name.startswith(("ddp acc1", "ddp acc4", "fsdp acc2", "fsdp acc4"))
+}
+"""The same study in bf16 autocast: rounding of reduced precision, against a bf16 baseline."""
 CORRUPT = {"ddp corrupt": {"fault": "corrupt"}, "fsdp acc2 corrupt": {
     "strategy": "fsdp", "accumulation_steps": 2, "fault": "corrupt"}}  # fmt: skip
 
@@ -58,7 +64,7 @@ def _guard_worker(rank: int, world_size: int, plans: dict[str, dict]) -> dict[st
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, dict]:
-    plans = {name: _plan(c).to_dict() for name, c in {**KNOBS, **CORRUPT}.items()}
+    plans = {name: _plan(c).to_dict() for name, c in {**KNOBS, **BF16, **CORRUPT}.items()}
     by_rank = run_distributed(_guard_worker, plans, timeout_s=600.0)
     assert by_rank[0] == by_rank[1]  # global figures: every rank agrees
     if os.environ.get("COMMTUNE_GUARD_FIGURES"):  # the measured numbers behind the tolerance
@@ -72,6 +78,9 @@ def test_every_exact_knob_passes_the_guard(figures: dict[str, dict]) -> None:
     assert len(base["losses"]) == 4 and len(base["grad_norms"]) == 4
     for name in KNOBS:
         assert check(base, figures[name]) is None, name
+    bf16 = figures["bf16 ddp acc1 (baseline)"]
+    for name in BF16:
+        assert check(bf16, figures[name]) is None, name
 
 
 def test_injected_corruption_is_caught(figures: dict[str, dict]) -> None:
