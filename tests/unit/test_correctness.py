@@ -61,3 +61,10 @@ def test_a_group_reports_a_corrupt_configuration_as_corrupt() -> None:
         (mb.number, o)))  # fmt: skip
     assert [(n, o[m.STATE]) for n, o in told] == [(1, m.COMPLETE), (2, m.CORRUPT)]
     assert told[1][1][m.REASON].startswith("warm-up step 0 grad norm 2.35 vs the baseline's 2.1")
+
+
+def test_reduced_precision_gets_its_own_tolerance() -> None:
+    got = _scaled("grad_norms", 0, 1 + 5e-3)  # bf16 rounding can reach 5e-4; fp32 cannot
+    assert guard_check(BASE, got, "fp32") is not None
+    assert guard_check(BASE, got, "bf16") is None
+    assert guard_check(BASE, _scaled("grad_norms", 0, 1.05), "bf16") is not None
