@@ -53,6 +53,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "search.heartbeat_s": (1.0, float(_DAY_S)),
     "search.time_budget_min": (0.01, 365.0 * 24 * 60),
     "search.remeasure_top": (0, 1000),
+    "search.remeasure_repeats": (0, 10),
     "search.group_size": (1, 10_000),
     "search.concurrency": (1, 1024),
     "search.cost_model_seeds": (0, 1000),
@@ -157,6 +158,9 @@ class SearchConfig:
     """Stop starting trials after this many minutes (the running one finishes)."""
     remeasure_top: int = 3
     """Re-measure this many of the best configs interleaved with the baseline at the end."""
+    remeasure_repeats: int = 2
+    """Measure a disturbed re-measurement run (window cv far above the others', or far from its
+    configuration's other runs) again, up to this many times."""
     scaling_baseline: bool = True
     """Measure the baseline once on a single worker, for scaling efficiency
     ``throughput(N) / (N x throughput(1))``."""

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from train_fns import metrics as m
 from train_fns.commsplit import nosync_from_accumulation
 from train_fns.data import sample_indices
+from train_fns.guard import Guard
 from train_fns.hf_workload import hf_workload
 from train_fns.metrics import HANG_EXIT_CODE
 from train_fns.plan import TrialPlan
@@ -272,12 +273,19 @@ def run_training(
     watchdog = Watchdog(rank, plan.step_deadline_s, marker_dir=plan.marker_dir).start()
     try:
         runner, setup = build_runner(plan, rank, device)
-        ends, throughputs = window_ends(plan), []
+        ends, throughputs, guard, checked = window_ends(plan), [], Guard(), {}
+        runner.before_optimizer = guard.after_backward
+        runner.model.eval()  # dropout off in the warm-up: see train_fns.guard
         window_start = time.perf_counter()
         for step in range(plan.total_steps):
             loss = _run_step_with_context(runner, step)
             watchdog.beat()
+            if step < plan.warmup_steps:
+                guard.record_loss(loss)
             if step + 1 == plan.warmup_steps:
+                runner.before_optimizer = None
+                runner.model.train()
+                checked = guard.figures()
                 setup["warmup_s"] = time.perf_counter() - window_start
                 runner.timer.take_window()  # warm-up steps are never measured
                 runner.precision.reset_num_nonfinite()
@@ -285,6 +293,7 @@ def run_training(
             if step + 1 in ends:
                 wall_s = time.perf_counter() - window_start
                 metrics = _window_metrics(runner, step, world_size, loss, setup, wall_s)
+                metrics[m.GUARD], checked = checked, {}  # the first window carries it
                 report(metrics)
                 throughputs.append(plan.global_batch / metrics[m.GLOBAL_STEP_TIME_S])
                 if should_prune(throughputs, plan.prune_below):

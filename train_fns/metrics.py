@@ -48,6 +48,9 @@ GPU_UTIL = "gpu_util"
 """NVML utilization (0-1) at the window's end on GPU workers; None on CPU or without NVML."""
 WINDOW_WALL_S = "window_wall_s"
 """Wall-clock of the window's measured steps (what the search spends measuring)."""
+GUARD = "guard"
+"""First window only: the warm-up steps' global losses and gradient norms, dropout off
+(``train_fns.guard``), compared with the baseline's by the driver."""
 GLOBAL_STEP_TIME_S = "global_step_time_s"
 """The slowest rank's median step time of the window (all-reduced: every rank has it)."""
 NUM_NONFINITE = "num_nonfinite_steps"
@@ -99,6 +102,8 @@ HANG = "hang"
 CRASH = "crash"
 PRUNED = "pruned"
 ERROR = "error"
+CORRUPT = "corrupt"
+"""It ran, but its losses or gradient norm left the baseline's beyond summation order."""
 
 # Worker exit status.
 HANG_EXIT_CODE = 75

@@ -15,7 +15,7 @@ from typing import Any
 STRATEGIES = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16", "fp16")
 TASKS = ("mlm", "clm")
-FAULT_KINDS = ("crash", "hang", "oom")
+FAULT_KINDS = ("crash", "hang", "oom", "corrupt")
 
 
 class InfeasiblePlan(ValueError):
@@ -129,7 +129,8 @@ class TrialPlan:
     marker_dir: str | None = None
     """Where a worker's watchdog leaves a hang marker before ending itself (driver reads it)."""
     fault: str | None = None
-    """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way."""
+    """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way; ``corrupt``
+    perturbs one worker's gradients after the all-reduce of the first step."""
     max_grad_norm: float | None = None
     """Clip gradients to this norm and skip a step whose norm is not finite (training runs;
     the search leaves it off so trials time exactly the step a user would run)."""

@@ -23,6 +23,7 @@ from orchestrator.costmodel import (
     bus_factor,
 )
 from orchestrator.doctor.record import RunRecord, focus_step, num
+from orchestrator.verdict import MIN_GAIN, judge, runs_from_rows
 from train_fns.metrics import NONFINITE_RATE_MAX
 
 SEVERITIES = ("high", "medium", "info")
@@ -56,6 +57,24 @@ class Finding:
 
 def _pct(x: float) -> str:
     return f"{x:.0%}" if x >= 0.1 else f"{x:.1%}"
+
+
+def rule_corrupt(record: RunRecord) -> Finding | None:
+    """Wrong results outrank slow ones: a configuration whose losses or gradient norm left
+    the baseline's computes something else, however fast it was."""
+    bad = [r for r in record.trials if r.get("state") == "corrupt"]
+    if not bad:
+        return None
+    shown = "; ".join(f"trial {r['number']}: {r.get('reason', '')}" for r in bad[:3])
+    return Finding(
+        "high",
+        f"{len(bad)} configuration(s) computed wrong results (corrupt)",
+        shown,
+        "never deploy these settings: check the NCCL variables they set (forced protocols such "
+        "as NCCL_PROTO=LL128, NCCL_P2P_DISABLE), comm hooks and the accumulation path; run "
+        "the same configuration with NCCL_DEBUG=INFO and compare its losses with the baseline",
+        1e6 + len(bad),
+    )
 
 
 def rule_data_wait(record: RunRecord) -> Finding | None:
@@ -299,7 +318,48 @@ def rule_scaling(record: RunRecord) -> Finding | None:
     )
 
 
+def _noisy_claims(record: RunRecord) -> list[str]:
+    """Trials faster than the baseline by less than their own window cv: a gain inside noise."""
+    base = record.baseline()
+    b = num(base["samples_per_s"]) if base else None
+    out = []
+    for row in record.completed():
+        gain, cv = num(row["samples_per_s"]) / b - 1 if b else 0.0, num(row.get("throughput_cv"))
+        if row is not base and cv and 0 < gain < cv:
+            out.append(f"trial {row['number']} claims +{_pct(gain)} with window cv {_pct(cv)}")
+    return out
+
+
+def rule_measurement_noise(record: RunRecord) -> Finding | None:
+    """Noise decides verdicts: the baseline's run-to-run spread, disturbed runs, gains claimed
+    inside a trial's own window spread."""
+    runs, windows = runs_from_rows(record.remeasure) if record.remeasure else ([], 1)
+    verdict = judge(runs, windows) if runs else None
+    claims = _noisy_claims(record)
+    spread = verdict.baseline_spread if verdict else 0.0
+    troubled = verdict is not None and (verdict.disturbed or verdict.too_noisy)
+    if not claims and not troubled and spread <= MIN_GAIN:
+        return None
+    evidence = [f"remeasure.csv: baseline run-to-run spread {_pct(spread)}"] if verdict else []
+    evidence += [f"disturbed: {w}" for w in verdict.disturbed] if verdict else []
+    evidence += [verdict.line().split("; what helps")[0]] if verdict and verdict.too_noisy else []
+    evidence += [f"trials.csv: {', '.join(claims[:5])}"] if claims else []
+    best = record.best()
+    best_noisy = best is not None and any(c.startswith(f"trial {best['number']} ") for c in claims)
+    return Finding(
+        "medium" if best_noisy or (verdict and verdict.too_noisy) else "info",
+        "measurement noise is as large as the gains being judged",
+        "; ".join(evidence),
+        "quiet the machine during the search (no other jobs on its cores or GPUs), measure "
+        "longer: more windows per trial (search.windows) and steps (search.measure_steps), "
+        "repeat disturbed re-measurements (search.remeasure_repeats), and trust only gains "
+        "whose interval stays above 1",
+        max(spread / MIN_GAIN, float(len(claims)), 1.0),
+    )
+
+
 RULES: list[Callable[[RunRecord], Finding | None]] = [
+    rule_corrupt,
     rule_data_wait,
     rule_comm_fraction,
     rule_bandwidth,
@@ -308,6 +368,7 @@ RULES: list[Callable[[RunRecord], Finding | None]] = [
     rule_nonfinite,
     rule_nccl_on_gloo,
     rule_scaling,
+    rule_measurement_noise,
 ]
 
 

@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-FAILED_STATES = ("oom", "hang", "crash", "infeasible", "interrupted", "error")
+FAILED_STATES = ("corrupt", "oom", "hang", "crash", "infeasible", "interrupted", "error")
 PART_COLORS = {
     "data": "#8c564b",
     "compute": "#1f77b4",

@@ -20,7 +20,7 @@ from orchestrator.report.html import (
     png,
     sd,
 )
-from orchestrator.verdict import Run, comparisons
+from orchestrator.verdict import judge, runs_from_rows
 
 
 def section_throughput(record: RunRecord) -> str:
@@ -97,28 +97,25 @@ def section_best_vs_baseline(record: RunRecord) -> str:
 
 
 def _from_remeasure(record: RunRecord) -> str:
-    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv."""
-    rows = sorted(record.remeasure, key=lambda r: num(r.get("position")) or 0)
-    runs = [
-        Run(
-            int(num(r.get("trial")) or 0),
-            r.get("role") == "baseline",
-            num(r.get("samples_per_s")) if r.get("state") == "complete" else None,
-            num(r.get("throughput_cv")) or 0.0,
-        )
-        for r in rows
-    ]
+    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv: the chosen
+    configuration's ratio with its interval, the paired comparisons behind it, the repeats."""
+    runs, windows = runs_from_rows(record.remeasure)
+    verdict = judge(runs, windows)
     baselines = [r.samples_per_s for r in runs if r.is_baseline and r.samples_per_s]
     if not baselines:
         return missing("remeasure.csv holds no completed baseline run: no comparison.")
-    comps = comparisons(runs)
+    comps = verdict.comparisons
     shown = [("baseline", statistics.fmean(baselines), sd(baselines))]
     cvs = {r.number: r.cv for r in runs if not r.is_baseline}
     shown += [(f"trial {c.number}", c.samples_per_s, c.samples_per_s * cvs[c.number])
               for c in comps]  # fmt: skip
     listed = "".join(f"<li>{esc(c.line())}</li>" for c in comps) or "<li>no finalist completed</li>"
+    repeats = sum(len(r.repeats) for r in runs)
+    again = "".join(f"<li>disturbed: {esc(w)}</li>" for w in verdict.disturbed)
     return (
-        f"<p>Re-measured side by side ({len(baselines)} baseline runs):</p><ul>{listed}</ul>"
+        f"<p><b>Verdict</b>: {esc(verdict.line())}</p>"
+        f"<p>Re-measured side by side ({len(baselines)} baseline runs, {windows} window(s) each, "
+        f"{repeats} repeat(s) of disturbed runs):</p><ul>{listed}{again}</ul>"
         + bar_chart(shown)
     )
 

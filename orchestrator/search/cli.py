@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--inject-faults",
         default="",
         metavar="N:KIND,...",
-        help="testing aid: make trial N crash, hang or oom, e.g. 2:crash,3:hang",
+        help="testing aid: make trial N crash, hang, oom or corrupt (wrong gradients): 2:corrupt",
     )
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     p.add_argument(

@@ -1,8 +1,8 @@
 """The finalists, re-measured interleaved with the baseline (B c1 B c2 B ...).
 
 A search compares trials measured minutes apart on a machine whose speed drifts; the top
-configurations are measured again right beside baseline runs, written to remeasure.csv and
-judged by ``orchestrator.verdict``.
+configurations are measured again right beside baseline runs, a disturbed run once more (a
+bounded number of times), written to remeasure.csv and judged by ``orchestrator.verdict``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.verdict import Comparison, Run, comparisons
+from orchestrator.verdict import Measure, Run, Verdict, disturbances, judge
 from train_fns import metrics as m
 
 
@@ -36,52 +36,84 @@ def finalists(recs: list[TrialRecord], baseline: TrialRecord, top: int) -> list[
 
 def remeasure(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
-) -> list[Comparison]:
+) -> Verdict:
     """Run the interleaved sequence for real (runs with the same environment variables share a
-    worker group, as in the search); returns comparisons, best first."""
+    worker group, as in the search), then measure each disturbed run again, up to
+    ``search.remeasure_repeats`` times, in the sequence's order; returns the verdict."""
     order = interleave(baseline, chosen)
-
-    def show(i: int, outcome: dict) -> None:
-        shown = (
-            f"{outcome[m.SAMPLES_PER_S]:.2f} samples/s (cv {outcome[m.THROUGHPUT_CV]:.1%})"
-            if outcome[m.STATE] == m.COMPLETE
-            else f"{outcome[m.STATE]}: {outcome[m.REASON]}"
-        )
-        who = "baseline" if order[i] is baseline else f"trial {order[i].number}"
-        print(f"re-measure {i + 1}/{len(order)}: {who}: {shown}", flush=True)
-
     plans = [derive_plan(ctx, rec.params) for rec in order]
-    results = measure_plans(ctx, plans, "remeasure", show)
-    _write_csv(order, results, baseline, out / "remeasure.csv")
-    return comparisons(_runs(order, results, baseline))
+    results: list[list[dict]] = [[res] for res in measure_plans(
+        ctx, plans, "remeasure", lambda i, res: _show(order, baseline, i, res, 0)
+    )]  # fmt: skip
+    windows = ctx.config.search.windows
+    for repeat in range(1, ctx.config.search.remeasure_repeats + 1):
+        why = disturbances(_runs(order, results, baseline))
+        again = [i for i, ws in enumerate(why) if ws[-1]]
+        for i in again:
+            print(f"re-measure {i + 1}/{len(order)}: {_who(order, baseline, i)} was disturbed "
+                  f"({why[i][-1]}): measuring it again (repeat {repeat})", flush=True)  # fmt: skip
+        if not again:
+            break
+        redo = measure_plans(
+            ctx, [plans[i] for i in again], f"repeat{repeat}",
+            lambda k, res, r=repeat, again=again: _show(order, baseline, again[k], res, r),
+        )  # fmt: skip
+        for i, res in zip(again, redo, strict=True):
+            results[i].append(res)
+    runs = _runs(order, results, baseline)
+    _write_csv(order, results, baseline, disturbances(runs), windows, out / "remeasure.csv")
+    return judge(runs, windows)
 
 
-def _runs(order: list[TrialRecord], results: list[dict], baseline: TrialRecord) -> list[Run]:
-    return [
-        Run(
-            rec.number,
-            rec is baseline,
-            res[m.SAMPLES_PER_S] if res.get(m.STATE) == m.COMPLETE else None,
-            res.get(m.THROUGHPUT_CV) or 0.0,
-        )
-        for rec, res in zip(order, results, strict=True)
-    ]
+def _who(order: list[TrialRecord], baseline: TrialRecord, i: int) -> str:
+    return "baseline" if order[i] is baseline else f"trial {order[i].number}"
+
+
+def _show(order: list[TrialRecord], baseline: TrialRecord, i: int, res: dict, repeat: int) -> None:
+    shown = (
+        f"{res[m.SAMPLES_PER_S]:.2f} samples/s (cv {res[m.THROUGHPUT_CV]:.1%})"
+        if res[m.STATE] == m.COMPLETE
+        else f"{res[m.STATE]}: {res[m.REASON]}"
+    )
+    again = f" (repeat {repeat})" if repeat else ""
+    who = _who(order, baseline, i)
+    print(f"re-measure {i + 1}/{len(order)}{again}: {who}: {shown}", flush=True)
+
+
+def _measure(res: dict) -> Measure:
+    done = res.get(m.STATE) == m.COMPLETE
+    return Measure(res[m.SAMPLES_PER_S] if done else None, res.get(m.THROUGHPUT_CV) or 0.0)
+
+
+def _runs(order: list[TrialRecord], results: list[list[dict]], baseline: TrialRecord) -> list[Run]:
+    runs = []
+    for rec, found in zip(order, results, strict=True):
+        first = _measure(found[0])
+        repeats = tuple(_measure(res) for res in found[1:])
+        runs.append(Run(rec.number, rec is baseline, first.samples_per_s, first.cv, repeats))
+    return runs
 
 
 def _write_csv(
-    order: list[TrialRecord], results: list[dict], baseline: TrialRecord, path: Path
+    order: list[TrialRecord],
+    results: list[list[dict]],
+    baseline: TrialRecord,
+    why: list[list[str]],
+    windows: int,
+    path: Path,
 ) -> None:
+    """One row per measurement: a repeat shares its run's position; ``disturbed`` says why a
+    measurement was left out of the verdict."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["position", "trial", "role", "state", "samples_per_s", "throughput_cv"])
-        for i, (rec, res) in enumerate(zip(order, results, strict=True)):
-            w.writerow(
-                [
-                    i,
-                    rec.number,
-                    "baseline" if rec is baseline else "finalist",
-                    res.get(m.STATE),
-                    res.get(m.SAMPLES_PER_S) or "",
-                    res.get(m.THROUGHPUT_CV) or "",
-                ]
-            )
+        w.writerow(["position", "repeat", "trial", "role", "state", "samples_per_s",
+                    "throughput_cv", "windows", "disturbed"])  # fmt: skip
+        for i, rec in enumerate(order):
+            for k, res in enumerate(results[i]):
+                w.writerow(
+                    [
+                        i, k, rec.number, "baseline" if rec is baseline else "finalist",
+                        res.get(m.STATE), res.get(m.SAMPLES_PER_S) or "",
+                        res.get(m.THROUGHPUT_CV) or "", windows, why[i][k],
+                    ]
+                )  # fmt: skip

@@ -54,6 +54,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
         m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
         m.NUM_PARAMS: max(w.get(m.NUM_PARAMS, 0) for w in last),
         m.GPU_UTIL: _median_or_none(w.get(m.GPU_UTIL) for ranks in windows for w in ranks),
+        m.GUARD: windows[0][0].get(m.GUARD) or {},
         "num_windows": len(windows),
         "window_samples_per_s": throughputs,
     }

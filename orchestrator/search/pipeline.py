@@ -27,6 +27,7 @@ from orchestrator.session import (
     start_ray,
 )
 from orchestrator.storage import without_password
+from orchestrator.verdict import Verdict
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.ranks import nccl_version
 
@@ -86,8 +87,8 @@ def run_search(
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
         if ran:
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
-            comparisons = _remeasure(ctx, recs, out, deadline)
-            lines = write_outputs(recs, config, space, out, comparisons)
+            verdict = _remeasure(ctx, recs, out, deadline)
+            lines = write_outputs(recs, config, space, out, verdict)
         lines += evidence.scaling_lines(recs, space.baseline(), info)
         lines += filter(None, [overhead_line(recs, info.get("search_wall_s"))])
         lines.append(write_report(out))
@@ -172,7 +173,9 @@ def _evaluation(cfg: SearchConfig) -> str:
     return "cold evaluation: fresh workers for every configuration"
 
 
-def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> list:
+def _remeasure(
+    ctx: TrialContext, recs: list, out: Path, deadline: float | None
+) -> Verdict | None:
     """Re-measure the finalists beside the baseline (skipped when there is nothing to compare
     or the time budget is spent)."""
     base = baseline_record(recs, ctx.space.baseline())
@@ -181,10 +184,10 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
     if not chosen:
         if base and top:
             print("no finalist to re-measure: every other trial failed or was pruned", flush=True)
-        return []
+        return None
     if deadline is not None and time.time() > deadline:
         print("time budget spent: the finalists are not re-measured", flush=True)
-        return []
+        return None
     print(
         f"re-measuring the top {len(chosen)} beside the baseline "
         f"({2 * len(chosen) + 1} runs, interleaved)",

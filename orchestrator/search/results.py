@@ -21,6 +21,7 @@ from orchestrator.config import Config, dump_config
 from orchestrator.runfiles import write_atomic
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
+from orchestrator.verdict import Verdict
 from search_spaces import SearchSpace
 from train_fns import metrics as m
 
@@ -173,12 +174,12 @@ def write_outputs(
     config: Config,
     space: SearchSpace,
     out: Path,
-    comparisons: list | None = None,
+    verdict: Verdict | None = None,
 ) -> list[str]:
     """Write trials.csv, best.yaml and best.env; return the closing summary lines.
 
-    The best config is the best re-measured finalist when it beats the baseline
-    beyond the noise, the baseline itself when none does, and the search's fastest
+    The best config is the re-measured finalist the verdict chooses (the highest lower end of
+    its interval, above 1), the baseline itself when it chooses none, and the search's fastest
     trial when nothing was re-measured.
     """
     write_trials_csv(recs, out / "trials.csv")
@@ -187,21 +188,18 @@ def write_outputs(
         return ["no trial completed: see trials.csv for each trial's reason"]
     base = baseline_record(recs, space.baseline())
     lines = [summary_line(recs, best, base)]
-    verdict = ""
-    if comparisons:
-        wins = [c for c in comparisons if c.significant and c.ratio > 1]
-        top = wins[0] if wins else comparisons[0]
-        lines.append("re-measured, interleaved with the baseline: " + top.line())
-        verdict = f"# re-measured beside the baseline: {top.line()}\n"
-        if wins:
-            best = next(r for r in recs if r.number == top.number)
+    header = ""
+    if verdict is not None and verdict.comparisons:
+        lines.append("re-measured, interleaved with the baseline: " + verdict.line())
+        header = f"# re-measured beside the baseline: {verdict.line()}\n"
+        if verdict.chosen is not None:
+            best = next(r for r in recs if r.number == verdict.chosen.number)
         elif base is not None:
             best = base
-            lines.append("no configuration beat the baseline beyond the noise: best.yaml keeps it")
     chosen = best_config(config, space, best)
     header = (
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
-        f"{verdict}# measured: {MEASURED}\n"
+        f"{header}# measured: {MEASURED}\n"
     )
     write_atomic(out / "best.yaml", header + dump_config(without_password(chosen)))
     env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]

@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.config import Config
 from orchestrator.costmodel import comm_bound
 from orchestrator.plans import plan_from_config
+from orchestrator.search.correctness import guard_check
 from orchestrator.search.group_run import GroupRun
 from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
@@ -87,6 +88,9 @@ class Member:
     number: int
     params: dict[str, Any]
     prune_below: float | None = None
+    reference: dict[str, Any] | None = None
+    """The baseline's correctness figures (``train_fns.guard``); None: this is the baseline,
+    or it has not completed yet (the configuration is then not checked)."""
 
 
 WORK_TIMEOUT_S = 3600.0
@@ -174,6 +178,9 @@ def _measure(
             outcome["nodes"] = run.nodes
         if outcome.get(m.STATE) == m.COMPLETE:
             outcome.update(comm_bound(plan, outcome.get(m.NUM_PARAMS, 0), ctx.link))
+            why = guard_check(members[index].reference, outcome.get(m.GUARD), plan.precision)
+            if why:
+                outcome.update({m.STATE: m.CORRUPT, m.REASON: why})
         report(members[index], outcome)
 
     run.run(source, emit, label=lambda index: f"trial {members[index].number}")

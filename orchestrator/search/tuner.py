@@ -35,6 +35,7 @@ from orchestrator.search.trial import (
     Member,
     TrialContext,
     run_group,
+    sampled_params,
 )
 from orchestrator.session import TRIAL_CPU, driver_queue
 from train_fns import metrics as m
@@ -158,7 +159,10 @@ class GroupSearch(Searcher):
 
     def _send(self, group: Group, asked: Asked) -> None:
         baseline = asked.params == self.ctx.space.baseline()
-        member = Member(asked.trial.number, asked.params, None if baseline else self._threshold())
+        member = Member(
+            asked.trial.number, asked.params, None if baseline else self._threshold(),
+            None if baseline else self._reference(),
+        )  # fmt: skip
         group.sent.append(asked)
         group.work.put(asdict(member))
 
@@ -168,6 +172,13 @@ class GroupSearch(Searcher):
     def _out_of_time(self) -> bool:
         # The first configuration (the baseline) always runs: without it nothing compares.
         return self.deadline is not None and time.time() > self.deadline and bool(self._completed())
+
+    def _reference(self) -> dict | None:
+        """The completed baseline's correctness figures, for the guard (``correctness``)."""
+        want = sampled_params(self.ctx.space.baseline(), self.ctx.space)
+        found = (t.user_attrs.get(m.GUARD) for t in self._completed()
+                 if t.user_attrs.get("params") == want)  # fmt: skip
+        return next((g for g in found if g), None)
 
     def _threshold(self) -> float | None:
         if not self.ctx.config.search.prune:

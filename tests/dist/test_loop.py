@@ -12,6 +12,7 @@ from train_fns.loop import run_training
 from train_fns.plan import DDPOptions, TrialPlan
 
 EXPECTED_KEYS = {
+    m.GUARD,
     m.WINDOW,
     m.RANK,
     m.WORLD_SIZE,
@@ -82,6 +83,7 @@ def test_every_rank_reports_every_window(
         assert [r[m.NUM_STEPS] for r in reports] == [3, 2]  # 5 measured steps, 2 windows
         for report in reports:
             assert report.keys() == EXPECTED_KEYS
+            assert bool(report[m.GUARD]) == (report[m.WINDOW] == 0)  # the first window only
             assert report[m.RANK] == rank and report[m.WORLD_SIZE] == 2
             for key in (m.STEP_TIME_S, m.DATA_S, m.FWD_BWD_S, m.OPTIM_S, m.PEAK_MEM_BYTES):
                 assert report[key] > 0, key

@@ -42,8 +42,10 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trial   0" in proc.stdout and "best: trial" in proc.stdout, proc.stdout
     assert "nccl dropped" in proc.stdout, "gloo runs must say NCCL knobs are inert"
-    assert "re-measured, interleaved with the baseline: trial" in proc.stdout, proc.stdout
-    assert "x baseline (spread" in proc.stdout
+    verdicts = ("keep trial", "too noisy to decide", "no significant gain")
+    assert any(f"re-measured, interleaved with the baseline: {v}" in proc.stdout
+               for v in verdicts), proc.stdout  # fmt: skip
+    assert "x baseline (interval" in proc.stdout and "paired comparison" in proc.stdout
     for name in ("best.yaml", "best.env", "trials.csv", "study.db", "remeasure.csv"):
         assert (out / name).is_file(), name
     assert "scaling: baseline" in proc.stdout and "efficiency" in proc.stdout, proc.stdout
@@ -75,4 +77,5 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert best.workload.global_batch == 16
     assert (out / "best.env").read_text().startswith("#")
     remeasured = list(csv.DictReader((out / "remeasure.csv").open()))
-    assert [r["role"] for r in remeasured] == ["baseline", "finalist", "baseline"]
+    firsts = [r for r in remeasured if r["repeat"] == "0"]  # a disturbed run adds repeats
+    assert [r["role"] for r in firsts] == ["baseline", "finalist", "baseline"]

@@ -118,3 +118,20 @@ def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:
         assert time.monotonic() - started < 60
     finally:
         cluster.shutdown()
+
+
+def test_a_corrupt_configuration_is_never_best(tmp_path: Path) -> None:
+    """Trial 2's gradients are perturbed on one rank after the all-reduce: not slower, only
+    wrong. The guard ends it corrupt; the other configurations (exact knobs, dropout on in the
+    smoke model) pass it."""
+    out = tmp_path / "corrupt"
+    proc = _cli([*FAST, "--out", str(out), "--trials", "4", "--set", "search.prune=false",
+                 "--inject-faults", "2:corrupt"])  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {int(r["number"]): r for r in _rows(out)}
+    assert rows[2]["state"] == "corrupt" and "grad norm" in rows[2]["reason"], rows[2]
+    assert rows[0]["state"] == "complete"
+    assert all(rows[n]["state"] != "corrupt" for n in (1, 3)), rows
+    assert not (out / "best.yaml").read_text().startswith("# commtune best configuration: trial 2,")
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
+    assert study.trials[2].state == optuna.trial.TrialState.FAIL

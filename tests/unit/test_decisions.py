@@ -9,7 +9,7 @@ from orchestrator.search.finalists import finalists, interleave
 from orchestrator.search.outcome import MIN_NOISE, prune_threshold
 from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.study import INTERRUPTED, counted, requeue_interrupted
-from orchestrator.verdict import compare
+from orchestrator.verdict import Run, judge
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 from train_fns.loop import should_prune
@@ -62,11 +62,16 @@ def test_finalists_and_interleaving() -> None:
 
 
 def test_comparison_claims_gain_only_outside_noise() -> None:
-    clear = compare(7, 150.0, 0.02, neighbours=[100.0, 102.0], baselines=[100.0, 102.0, 98.0])
-    assert clear.ratio == pytest.approx(150.0 / 101.0)
-    assert clear.significant and "significant gain" in clear.line()
-    noisy = compare(7, 104.0, 0.05, neighbours=[100.0, 101.0], baselines=[100.0, 101.0, 90.0])
-    assert not noisy.significant and "no significant gain" in noisy.line()
+    clear = judge(
+        [Run(0, True, 100.0, 0.02), Run(7, False, 150.0, 0.02), Run(0, True, 102.0, 0.02)]
+    )
+    (comp,) = clear.comparisons
+    assert comp.ratio == pytest.approx(150.0 / 101.0, rel=1e-3)
+    assert comp.significant and "significant gain" in comp.line()
+    noisy = judge(
+        [Run(0, True, 100.0, 0.05), Run(7, False, 104.0, 0.05), Run(0, True, 101.0, 0.05)]
+    )  # the interval (0.91-1.16) holds both 1 and a 5% gain: the machine cannot tell
+    assert not noisy.comparisons[0].significant and "too noisy to decide" in noisy.line()
 
 
 def test_interrupted_trials_are_requeued_not_counted(tmp_path) -> None:

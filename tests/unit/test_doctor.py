@@ -96,7 +96,23 @@ def best_row(rec: RunRecord, **parts: str) -> RunRecord:
     return rec
 
 
+def issue_18_rows() -> list[dict[str, str]]:
+    """remeasure.csv of issue 18: the last baseline run was disturbed (cv 30.7%)."""
+    seq = [(0, 22.14, 0.132), (5, 27.08, 0.034), (0, 23.01, 0.154), (1, 21.57, 0.072),
+           (0, 19.93, 0.105), (2, 21.97, 0.042), (0, 12.88, 0.307)]  # fmt: skip
+    return [
+        {"position": str(i), "trial": str(n), "role": "baseline" if n == 0 else "finalist",
+         "state": "complete", "samples_per_s": str(v), "throughput_cv": str(cv)}
+        for i, (n, v, cv) in enumerate(seq)
+    ]  # fmt: skip
+
+
 CASES = {
+    "rule_corrupt": mutate(healthy(), trials=[
+        trial_row(0, 100.0),
+        trial_row(1, 150.0, state="corrupt", reason="warm-up step 0 grad norm 2.1 vs 1.9"),
+    ]),  # fmt: skip
+    "rule_measurement_noise": mutate(healthy(), remeasure=issue_18_rows()),
     "rule_data_wait": best_row(healthy(), data_s="0.04"),
     "rule_comm_fraction": best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"),
     "rule_bandwidth": mutate(healthy(), probe=probe_rows(10.0)),
@@ -256,3 +272,21 @@ def test_main_says_no_problem_found(tmp_path: Path, capsys) -> None:
     (run / "best.yaml").write_text("name: quiet\nenv: {}\n")
     assert doctor_cli.main([str(run)]) == 0
     assert "no problem found" in capsys.readouterr().out
+
+
+def test_noise_names_the_disturbed_run_and_gains_inside_window_cv() -> None:
+    finding = rules.rule_measurement_noise(CASES["rule_measurement_noise"])
+    assert "baseline run-to-run spread" in finding.evidence
+    assert "disturbed: baseline at position 6: window cv 30.7%" in finding.evidence
+    assert finding.severity == "medium"  # one window: too noisy to decide
+    claim = best_row(healthy(), throughput_cv="0.15")  # +10% claimed inside a 15% window cv
+    finding = rules.rule_measurement_noise(claim)
+    assert "trial 1 claims +10% with window cv 15%" in finding.evidence
+    assert finding.severity == "medium" and "search.windows" in finding.fix
+
+
+def test_corrupt_configurations_come_first() -> None:
+    rec = mutate(CASES["rule_corrupt"], summary={"steps": 1000, "nonfinite_steps": 5})
+    found = diagnose(rec)
+    assert found[0].title.startswith("1 configuration(s) computed wrong results")
+    assert "trial 1: warm-up step 0 grad norm" in found[0].evidence

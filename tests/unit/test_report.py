@@ -182,6 +182,22 @@ def test_remeasure_gives_the_interleaved_verdict(tmp_path: Path) -> None:
     assert report.main([str(folder), "--train", str(folder / "train")]) == 0
     text = (folder / "report.html").read_text()
     assert "2 baseline runs" in text and "significant gain" in text
+    assert "keep trial 1: 1.20x baseline (interval 1." in text
+    assert "from 2 paired comparisons" in text and "0 repeat(s) of disturbed runs" in text
+
+
+def test_remeasure_with_a_repeated_disturbed_run(tmp_path: Path) -> None:
+    folder = write_search(tmp_path / "re")
+    head = "position,repeat,trial,role,state,samples_per_s,throughput_cv,windows,disturbed\n"
+    (folder / "remeasure.csv").write_text(
+        head + "0,0,0,baseline,complete,22.14,0.132,3,\n1,0,5,finalist,complete,27.08,0.034,3,\n"
+        "2,0,0,baseline,complete,23.01,0.154,3,\n3,0,2,finalist,complete,21.97,0.042,3,\n"
+        "4,0,0,baseline,complete,12.88,0.307,3,cv\n4,1,0,baseline,complete,22.3,0.1,3,\n"
+    )
+    assert report.main([str(folder), "--train", str(folder / "train")]) == 0
+    text = (folder / "report.html").read_text()
+    assert "keep trial 5" in text and "1 repeat(s) of disturbed runs" in text
+    assert "some repeated after a disturbed run" in text and "3 window(s) each" in text
 
 
 def test_findings_are_the_doctors_words(tmp_path: Path) -> None:

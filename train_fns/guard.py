@@ -1,0 +1,83 @@
+"""Correctness guard, worker side: what a configuration computed in its warm-up steps.
+
+Every configuration of a study starts from the same seeded weights and the same data stream,
+and every exact knob (NCCL variables, buckets, sharding, accumulation split, checkpointing)
+must give the same losses up to summation order. The warm-up steps run with dropout off
+(``model.eval()``): dropout masks are drawn per rank and per micro-batch, so they depend on the
+split and would differ by more than any summation order; the warm-up steps are never timed,
+so switching it off there costs the measurement nothing. For those steps the guard records the
+global mean loss and the global gradient norm (after the all-reduce, before the optimizer);
+the driver compares them with the baseline's (``orchestrator.search.correctness``).
+
+``corrupt`` (``--inject-faults N:corrupt``) perturbs one rank's gradients after the all-reduce
+of the first step, as a corrupting transport would: the step is not slower, only wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+CORRUPT_SCALE = 0.5
+"""The injected perturbation: Gaussian noise of this many times each gradient's RMS."""
+
+
+def _local(grad: Tensor) -> Tensor:
+    """A gradient's local part: FSDP2 gradients are sharded DTensors."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def _sharded(model: nn.Module) -> bool:
+    return any(p.grad is not None and hasattr(p.grad, "to_local") for p in model.parameters())
+
+
+def corrupt_gradients(model: nn.Module) -> None:
+    """Add noise to this rank's (already reduced) gradients, in place."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                grad = _local(p.grad)
+                grad.add_(torch.randn_like(grad) * CORRUPT_SCALE * grad.pow(2).mean().sqrt())
+
+
+@dataclass
+class Guard:
+    """The warm-up steps' losses and gradient norms, kept on the device until the end."""
+
+    losses: list[Tensor] = field(default_factory=list)
+    squares: list[Tensor] = field(default_factory=list)
+    sharded: bool = False
+
+    def after_backward(self, runner: Any) -> None:
+        """``StepRunner.before_optimizer`` in the warm-up: gradients are reduced, the
+        optimizer has not run; the first step is where ``corrupt`` strikes."""
+        model = runner.model
+        if not self.squares and runner.fault == "corrupt":
+            corrupt_gradients(model)
+        self.sharded = self.sharded or _sharded(model)
+        total = torch.zeros((), dtype=torch.float64, device=runner.device)
+        for p in model.parameters():
+            if p.grad is not None:
+                total += _local(p.grad).detach().double().pow(2).sum()
+        self.squares.append(total)
+
+    def record_loss(self, loss: Tensor) -> None:
+        self.losses.append(loss.detach().double())
+
+    def figures(self) -> dict[str, list[float]]:
+        """Global figures; every rank calls this at the same step (collectives). Losses are
+        the mean over ranks; a sharded gradient's squares add up over ranks, a replicated one
+        should be equal on every rank, so the largest rank's norm is taken (a rank whose
+        gradients were corrupted after the all-reduce shows there)."""
+        if not self.losses:
+            return {"losses": [], "grad_norms": []}
+        losses, squares = torch.stack(self.losses), torch.stack(self.squares)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(losses)
+            losses /= dist.get_world_size()
+            dist.all_reduce(squares, op=dist.ReduceOp.SUM if self.sharded else dist.ReduceOp.MAX)
+        return {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist()}
