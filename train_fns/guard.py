@@ -2,12 +2,13 @@
 
 Every configuration of a study starts from the same seeded weights and the same data stream,
 and every exact knob (NCCL variables, buckets, sharding, accumulation split, checkpointing)
-must give the same losses up to summation order. The warm-up steps run with dropout off
-(``model.eval()``): dropout masks are drawn per rank and per micro-batch, so they depend on the
-split and would differ by more than any summation order; the warm-up steps are never timed,
-so switching it off there costs the measurement nothing. For those steps the guard records the
-global mean loss and the global gradient norm (after the all-reduce, before the optimizer);
-the driver compares them with the baseline's (``orchestrator.search.correctness``).
+must give the same losses up to summation order. The warm-up steps (all but the last, when
+there are two or more: the first measured step must not be the first with dropout on) run
+with dropout off (``model.eval()``): dropout masks are drawn per rank and per micro-batch, so
+they depend on the split and would differ by more than any summation order; the warm-up steps
+are never timed, so switching it off there costs the measurement nothing. For those steps the
+guard records the global mean loss and the global gradient norm (after the all-reduce, before
+the optimizer); the driver compares them with the baseline's (``orchestrator.search.correctness``).
 
 ``corrupt`` (``--inject-faults N:corrupt``) perturbs one rank's gradients after the all-reduce
 of the first step, as a corrupting transport would: the step is not slower, only wrong.

@@ -275,17 +275,22 @@ def run_training(
         runner, setup = build_runner(plan, rank, device)
         ends, throughputs, guard, checked = window_ends(plan), [], Guard(), {}
         runner.before_optimizer = guard.after_backward
-        runner.model.eval()  # dropout off in the warm-up: see train_fns.guard
+        # Dropout off in the guarded warm-up steps (see train_fns.guard); the last warm-up step
+        # (when there are two or more) runs in train mode, so that the first measured step is
+        # never the first one with dropout on.
+        guarded = max(1, plan.warmup_steps - 1)
+        runner.model.eval()
         window_start = time.perf_counter()
         for step in range(plan.total_steps):
             loss = _run_step_with_context(runner, step)
             watchdog.beat()
-            if step < plan.warmup_steps:
+            if step < guarded:
                 guard.record_loss(loss)
-            if step + 1 == plan.warmup_steps:
+            if step + 1 == guarded:
                 runner.before_optimizer = None
                 runner.model.train()
                 checked = guard.figures()
+            if step + 1 == plan.warmup_steps:
                 setup["warmup_s"] = time.perf_counter() - window_start
                 runner.timer.take_window()  # warm-up steps are never measured
                 runner.precision.reset_num_nonfinite()

@@ -60,7 +60,7 @@ def reports_by_rank(monkeypatch_module: pytest.MonkeyPatch) -> list[dict[str, li
     monkeypatch_module.setenv("NCCL_SOCKET_NTHREADS", "4")  # spawned workers inherit it
     plans = {
         name: tiny_plan(
-            warmup_steps=1, measure_steps=5, num_windows=2, env_names=ENV_NAMES, **changes
+            warmup_steps=2, measure_steps=5, num_windows=2, env_names=ENV_NAMES, **changes
         ).to_dict()
         for name, changes in CONFIGS.items()
     }
