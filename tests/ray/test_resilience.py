@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from _search import FAST, kill_during_second_trial
 from _search import cli as _cli
 
@@ -120,6 +121,7 @@ def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:
         cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_a_corrupt_configuration_is_never_best(tmp_path: Path) -> None:
     """Trial 2's gradients are perturbed on one rank after the all-reduce: not slower, only
     wrong. The guard ends it corrupt; the other configurations (exact knobs, dropout on in the

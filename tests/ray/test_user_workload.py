@@ -84,6 +84,7 @@ def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
     assert best["workload"]["entrypoint"].endswith("my_workload.py:make_workload")
 
 
+@pytest.mark.slow
 def test_training_the_users_workload_resumes_exactly(searched, tmp_path: Path) -> None:
     out, _ = searched
     base = ["--config", str(out / "best.yaml"), "--checkpoint-every", "2",
