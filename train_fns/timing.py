@@ -55,15 +55,17 @@ class StepTimer:
         return total
 
     def take_window(self) -> dict[str, float]:
-        """Median of each phase and the total over the steps since the last call."""
+        """The median step of the steps since the last call (by total; the lower middle one
+        of an even count), with its own phases: so its parts add up to its total, as medians
+        taken phase by phase over different steps need not."""
         if not self._steps:
             raise RuntimeError("take_window called with no finished step")
-        medians = {
-            key: statistics.median(step[key] for step in self._steps) for key in (*PHASES, "total")
-        }
-        medians["num_steps"] = len(self._steps)
+        totals = [step["total"] for step in self._steps]
+        middle = self._steps[totals.index(statistics.median_low(totals))]
+        window = {key: middle.get(key, 0.0) for key in (*PHASES, "total")}
+        window["num_steps"] = len(self._steps)
         self._steps = []
-        return medians
+        return window
 
 
 def peak_memory_bytes(device: torch.device) -> int:
