@@ -62,9 +62,25 @@ def check_entrypoint(config: Config) -> WorkloadShape | None:
     """Import a user workload's entrypoint and build it once on CPU (rank 0), before Ray
     starts: a missing file or function, an import error, a raising ``make_workload`` or a
     return value without ``model``/``batch``/``loss`` is a ConfigError naming the key.
-    ``batch`` and ``loss`` are not called here: a failure inside them ends its trial."""
+    ``batch`` and ``loss`` are not called here: a failure inside them ends its trial.
+
+    Built once per driver process and workload (the search's input check and its cost-model
+    seeds both ask): the answer is kept by what the build depends on."""
     if config.workload.entrypoint is None:
         return None
+    fields = workload_fields(config)
+    key = (fields["entrypoint"], fields["workload_source"], repr(sorted(fields["options"].items())),
+           config.search.seed, config.cluster.num_workers, config.workload.seq_len,
+           config.workload.precision)  # fmt: skip
+    if key not in _SHAPES:
+        _SHAPES[key] = _build_shape(config, fields)
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, WorkloadShape] = {}
+
+
+def _build_shape(config: Config, fields: dict[str, Any]) -> WorkloadShape:
     import torch
 
     from train_fns.workload import (
@@ -75,7 +91,6 @@ def check_entrypoint(config: Config) -> WorkloadShape | None:
         load_entrypoint,
     )
 
-    fields = workload_fields(config)
     ctx = WorkloadContext(
         seed=config.search.seed, rank=0, world_size=config.cluster.num_workers,
         device=torch.device("cpu"), seq_len=config.workload.seq_len,
