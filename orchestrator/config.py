@@ -30,6 +30,7 @@ from orchestrator.inputs import (
     parse_set,
     read_yaml,
 )
+from orchestrator.placement import PACK, PLACEMENTS
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SAMPLERS = ("staged", "tpe", "random", "grid")
@@ -116,6 +117,10 @@ class ClusterConfig:
     """None starts a local Ray; ``auto`` or ``HOST:PORT`` joins a running cluster."""
     autoscaling: bool = False
     """True when the cluster grows on demand: too few resources now is then not an error."""
+    placement: str = PACK
+    """How a worker group's ranks sit on the nodes, strictly (orchestrator.placement): ``pack``
+    (one node when one holds them, else whole nodes) or ``spread`` (one rank per node, else as
+    even as the nodes allow). Ray's soft default would let placement drift between trials."""
     nvswitch: bool = False
     """The GPUs of a node share an NVSwitch with NVLink SHARP (HGX/DGX H100 and later): the
     search then offers NCCL's NVLS algorithms. Declared, not detected: the driver may run on
@@ -124,6 +129,7 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         _check_bounds(self, "cluster")
         check_choice("cluster.use_gpu", self.use_gpu, USE_GPU_VALUES)
+        check_choice("cluster.placement", self.placement, PLACEMENTS)
 
 
 @dataclass

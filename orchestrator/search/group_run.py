@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.placement import label_selector
 from orchestrator.search.outcome import (
     classify_failure,
     failure_texts,
     summarize,
     window_throughputs,
 )
-from orchestrator.search.placement import label_selector
 from orchestrator.session import driver_queue
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, say, torch_trainer
 from train_fns import metrics as m

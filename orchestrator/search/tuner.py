@@ -22,8 +22,8 @@ from ray import tune
 from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
+from orchestrator.placement import choose_nodes, trial_resources
 from orchestrator.search.outcome import prune_threshold
-from orchestrator.search.placement import choose_nodes, trial_resources
 from orchestrator.search.progress import ProgressPrinter
 from orchestrator.search.proposer import Proposer
 from orchestrator.search.study import INTERRUPTED

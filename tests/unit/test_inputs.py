@@ -93,6 +93,7 @@ BAD = [
     (["--set", "name=.hidden"], "name", "letters, digits"),
     (["--set", "name=a/b"], "name", "letters, digits"),
     (["--set", "cluster.use_gpu=1"], "cluster.use_gpu", "auto, true, false"),
+    (["--set", "cluster.placement=x"], "cluster.placement", "'x'; use one of: pack, spread"),
     (["--set", "cluster.num_workers=true"], "cluster.num_workers", "expected int"),
     (["--set", "workload.global_batch=1000000000"], "workload.global_batch", "from 1 to"),
     (["--set", "search.trials=1000000000"], "search.trials", "from 1 to"),

@@ -1,0 +1,162 @@
+"""Where a worker group's ranks run: strict packing or spreading, and node-disjoint concurrency.
+
+Ray Train's default, a soft PACK, may put 8 ranks 8+0 on one node in one group and 4+4 on two
+in the next; the search would credit the difference to the knobs. So every group is placed
+strictly (``cluster.placement``): ``pack`` holds it on one node when one node can (Ray's
+STRICT_PACK), else fills whole nodes (each holding as many ranks as it has GPUs, or CPU slots)
+with every worker's bundle held to its node; ``spread`` puts one rank per node when there are
+nodes enough (STRICT_SPREAD), else as evenly as the nodes allow. A placement the cluster
+cannot give is said before Ray waits for it (``PlacementError``). Each rank reports where it
+ran; ``placement_label`` turns that into the trial's ``placement`` ("node0:2,node1:2").
+
+A throughput measured beside another run is not a throughput, so by default one group owns the
+cluster. With ``search.concurrency`` above 1, each group gets a set of whole nodes no running
+group uses, and its workers are held to them by Ray's ``ray.io/node-id`` label. The nodes still
+share the network's switches: traffic of one group can slow another's, so concurrent figures
+are compared with care (re-measurement runs one group at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+PACK, SPREAD = "pack", "spread"
+PLACEMENTS = (PACK, SPREAD)
+NODE_LABEL = "ray.io/node-id"
+HEAD_RESOURCE = "node:__internal_head__"
+"""A resource only the head node has: with concurrency, each group's Tune trial (a 0.01-CPU
+sliver that only waits) is held to the head, or its sliver on a worker node would leave that
+node one CPU short of a whole group and the group would wait forever."""
+
+
+def trial_resources(trial_cpu: float, concurrency: int) -> dict[str, float]:
+    """The Tune trial's own resources (its worker group asks for the rest)."""
+    return {"cpu": trial_cpu} | ({HEAD_RESOURCE: 0.001} if concurrency > 1 else {})
+
+
+def workers_fitting(node: dict[str, Any], cpus_per_worker: float, use_gpu: bool) -> int:
+    """How many trial workers one node (an entry of ``ray.nodes()``) can hold."""
+    have = node.get("Resources", {})
+    fit = int(have.get("CPU", 0) // cpus_per_worker) if cpus_per_worker > 0 else 1 << 30
+    if use_gpu:
+        fit = min(fit, int(have.get("GPU", 0)))
+    return fit
+
+
+def choose_nodes(
+    nodes: Iterable[dict[str, Any]],
+    busy: set[str],
+    num_workers: int,
+    cpus_per_worker: float,
+    use_gpu: bool,
+) -> list[str] | None:
+    """The fewest free nodes (largest first, then by id) that hold ``num_workers`` workers;
+    None when the free nodes cannot, for now."""
+    free = [
+        (workers_fitting(n, cpus_per_worker, use_gpu), n["NodeID"])
+        for n in nodes
+        if n.get("Alive") and n["NodeID"] not in busy
+    ]
+    chosen, room = [], 0
+    for fit, node_id in sorted((f for f in free if f[0] > 0), key=lambda f: (-f[0], f[1])):
+        if room >= num_workers:
+            break
+        chosen.append(node_id)
+        room += fit
+    return chosen if room >= num_workers else None
+
+
+def label_selector(node_ids: list[str] | None) -> dict[str, str] | None:
+    """Ray's label selector that keeps a group's workers on ``node_ids`` (None: anywhere)."""
+    if not node_ids:
+        return None
+    return {NODE_LABEL: f"in({','.join(node_ids)})"}
+
+
+class PlacementError(ValueError):
+    """A strict placement the cluster's nodes cannot give (it would wait forever)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A worker group's placement: Ray's placement-group strategy and, where the strategy
+    alone does not fix how many ranks each node gets, the node each worker's bundle is held
+    to (in bundle order)."""
+
+    strategy: str
+    pinned: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()
+    """The nodes the group may use (concurrency above 1); empty: any."""
+
+    def scaling(self) -> dict[str, Any]:
+        """ScalingConfig arguments that place the group so."""
+        if self.pinned:
+            selector: Any = [{NODE_LABEL: node} for node in self.pinned]
+        else:
+            selector = label_selector(list(self.allowed))
+        return {"placement_strategy": self.strategy, "label_selector": selector}
+
+
+def choose_layout(fits: Iterable[tuple[str, int]], world: int, mode: str) -> Layout:
+    """The strict placement of ``world`` ranks on nodes given as (node id, ranks it holds).
+
+    ``pack``: one node when one holds them all, else the fewest nodes (largest first, then by
+    id), each filled to what it holds. ``spread``: one rank per node when there are nodes
+    enough, else round-robin over every node, so the counts differ by one at most (and never
+    all on one node: that is a pack)."""
+    usable = sorted(((fit, node) for node, fit in fits if fit > 0), key=lambda f: (-f[0], f[1]))
+    room = sum(fit for fit, _ in usable)
+    if room < world:
+        held = ", ".join(f"{fit}" for fit, _ in usable) or "none"
+        raise PlacementError(
+            f"{world} ranks do not fit: the nodes hold {room} ({held} per node)"
+        )
+    if mode == SPREAD and world > 1 and len(usable) < 2:
+        raise PlacementError(f"{world} ranks cannot spread over {len(usable)} node")
+    if mode == PACK and usable[0][0] >= world:
+        return Layout("STRICT_PACK")
+    if mode == SPREAD and len(usable) >= world:
+        return Layout("STRICT_SPREAD")
+    counts = dict.fromkeys((node for _, node in usable), 0)
+    left = world
+    if mode == PACK:
+        for fit, node in usable:
+            counts[node] = min(fit, left)
+            left -= counts[node]
+    while left:  # spread: one more rank to each node with room, in turn
+        for fit, node in usable:
+            if left and counts[node] < fit:
+                counts[node] += 1
+                left -= 1
+    pinned = tuple(node for node, n in counts.items() for _ in range(n))
+    return Layout("PACK" if mode == PACK else "SPREAD", pinned)
+
+
+def layout_for(
+    nodes: Iterable[dict[str, Any]],
+    only: list[str] | None,
+    world: int,
+    cpus_per_worker: float,
+    use_gpu: bool,
+    mode: str,
+) -> Layout:
+    """The strict placement of a group of ``world`` workers on the alive ``nodes`` (entries of
+    ``ray.nodes()``), restricted to ``only`` when given (concurrency)."""
+    fits = [
+        (n["NodeID"], workers_fitting(n, cpus_per_worker, use_gpu))
+        for n in nodes
+        if n.get("Alive") and (only is None or n["NodeID"] in only)
+    ]
+    return replace(choose_layout(fits, world, mode), allowed=tuple(only or ()))
+
+
+def placement_label(places: Iterable[dict[str, Any]]) -> str:
+    """Ranks per node, "node0:2,node1:2", from each rank's report (``rank``, ``node_id``);
+    nodes are numbered by their lowest rank, so two groups of the same shape on different
+    machines read the same, and 8+0 never reads like 4+4."""
+    counts: dict[str, int] = {}
+    for place in sorted(places, key=lambda p: p["rank"]):
+        counts[place["node_id"]] = counts.get(place["node_id"], 0) + 1
+    return ",".join(f"node{i}:{n}" for i, n in enumerate(counts.values()))
