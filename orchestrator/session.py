@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from orchestrator.config import ClusterConfig, Config, ConfigError
+from orchestrator.placement import PlacementError, layout_for
 
 TRIAL_CPU = 0.01
 """The CPU sliver a Tune trial holds while it drives a TorchTrainer: a whole CPU would leave
@@ -65,8 +66,10 @@ def resolve_gpu(config: Config) -> bool:
     return bool(config.cluster.use_gpu)
 
 
-def check_capacity(config: Config, use_gpu: bool) -> None:
-    """Fail fast when the cluster can never hold one trial, instead of waiting forever."""
+def check_capacity(config: Config, use_gpu: bool, placed: bool = True) -> None:
+    """Fail fast when the cluster can never hold one trial, instead of waiting forever; with
+    ``placed``, also when its nodes cannot give the strict ``cluster.placement`` (a training
+    run, whose group changes size, is left to Ray's packing)."""
     import ray
 
     have = ray.cluster_resources()
@@ -83,6 +86,24 @@ def check_capacity(config: Config, use_gpu: bool) -> None:
             f" but the cluster has {there}; lower cluster.num_workers or cluster.cpus_per_worker"
             " (or set cluster.autoscaling=true if the cluster grows on demand)",
         )
+    if placed and not cluster.autoscaling:
+        check_placement(ray.nodes(), cluster, use_gpu)
+
+
+def check_placement(nodes: list[dict[str, Any]], cluster: ClusterConfig, use_gpu: bool) -> None:
+    """The strict placement of one trial's workers on ``nodes`` (``ray.nodes()``), or the
+    config error that says why there is none: Ray would wait for it forever."""
+    try:
+        layout_for(nodes, None, cluster.num_workers, cluster.cpus_per_worker, use_gpu,
+                   cluster.placement)  # fmt: skip
+    except PlacementError as e:
+        per = "GPUs" if use_gpu else f"CPUs / cluster.cpus_per_worker={cluster.cpus_per_worker:g}"
+        other = "spread" if cluster.placement == "pack" else "pack"
+        raise ConfigError(
+            "cluster.placement",
+            f"{cluster.placement} of {cluster.num_workers} workers: {e} (a node holds its "
+            f"{per}); add nodes, lower cluster.num_workers or set cluster.placement={other}",
+        ) from e
 
 
 def alive_nodes() -> int:

@@ -93,6 +93,14 @@ THROUGHPUT_CV = "throughput_cv"
 """Coefficient of variation of the per-window throughput (stdev / mean)."""
 STATE = "state"
 REASON = "reason"
+PLACE = "place"
+"""A rank's first start message: where it runs (``node_id``, ``node_ip``, Ray's ``node_rank``
+and ``local_rank``)."""
+PLACEMENT = "placement"
+"""A trial's ranks per node, "node0:2,node1:2" (``orchestrator.placement.placement_label``):
+trials whose placements differ do not compare."""
+RANK_PLACES = "rank_places"
+"""A trial's every rank's ``PLACE`` with its ``rank``, in rank order."""
 
 # Trial states.
 COMPLETE = "complete"

@@ -28,6 +28,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
+    from train_fns import metrics as m
     from train_fns.group import evaluate_plans
     from train_fns.plan import TrialPlan
 
@@ -45,8 +46,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         world_size=context.get_world_size(),
         device=ray.train.torch.get_device(),
         send=config["reports"].put,
-        started={"imports_s": imports_s},
+        started={"imports_s": imports_s, m.PLACE: rank_place(context)},
     )
+
+
+def rank_place(context: Any) -> dict[str, Any]:
+    """Where this rank runs (sent once, with its first start message): a trial's throughput
+    depends on how its ranks sit on the nodes, so the driver records it with the trial."""
+    import ray
+
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_rank": context.get_node_rank(),
+        "local_rank": context.get_local_rank(),
+    }
 
 
 def train_loop_elastic(config: dict[str, Any]) -> None:

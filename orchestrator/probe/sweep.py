@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.config import Config, ConfigError, WorkloadConfig
 from orchestrator.costmodel import bus_factor
+from orchestrator.placement import layout_for
 from orchestrator.runfiles import write_atomic
 from orchestrator.session import check_capacity, driver_queue, resolve_gpu, start_ray
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
@@ -192,8 +193,13 @@ def _fit(
 ) -> list[Row]:
     """One worker-group run of the sweep; rows stream back through a queue as measured, and
     get their bus bandwidth here (nccl-tests' factor, from the cost model)."""
+    import ray
+
     from train_fns.worker import probe_loop_per_worker
 
+    cluster = config.cluster
+    layout = layout_for(ray.nodes(), None, cluster.num_workers, cluster.cpus_per_worker,
+                        use_gpu, cluster.placement)  # fmt: skip
     rows_queue, rows = driver_queue(), []
     beat, last = Heartbeat(config.search.heartbeat_s), [time.monotonic()]
 
@@ -217,6 +223,7 @@ def _fit(
         cpus_per_worker=config.cluster.cpus_per_worker,
         env=config.env,
         timeout_s=PROBE_TIMEOUT_S,
+        scaling=layout.scaling(),
     )))  # fmt: skip
     try:
         fit.drain(rows_queue, take, stop=lambda: beat.beat(waiting))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.placement import label_selector
+from orchestrator.placement import PlacementError, layout_for, placement_label
 from orchestrator.search.outcome import (
     classify_failure,
     failure_texts,
@@ -86,6 +86,8 @@ class GroupRun:
         """Measured windows so far, by configuration (rank 0's word)."""
         self.heartbeat = Heartbeat(ctx.config.search.heartbeat_s, out)
         self.imports_s = 0.0
+        self.places: dict[int, dict[str, Any]] = {}
+        """Where each rank runs, by rank, as it said when it started."""
         self.error: BaseException | None = None
 
     def run(
@@ -103,8 +105,16 @@ class GroupRun:
         reports, self.inbox = driver_queue(), driver_queue()
         self._dispatch(first)
         self.fit_start = self.boundary = time.monotonic()
-        fit = Fit(torch_trainer(self._spec(reports)))
         emit = on_outcome or (lambda index, outcome: None)
+        try:
+            spec = self._spec(reports)
+        except PlacementError as e:  # the cluster lost nodes since the check: no group to wait on
+            reports.shutdown()
+            self.inbox.shutdown()
+            reason = f"cluster.placement={self.ctx.config.cluster.placement}: {e}"
+            self._finish(0, {m.STATE: m.ERROR, m.REASON: reason}, emit)
+            return self.outcomes
+        fit = Fit(torch_trainer(spec))
         try:
             take = lambda item: self._take(item, emit)  # noqa: E731
             if not fit.drain(reports, take, stop=lambda: self._late(emit)):
@@ -174,9 +184,13 @@ class GroupRun:
         return next((i for i, o in enumerate(self.outcomes) if o is None), None)
 
     def _spec(self, reports: Any) -> GroupSpec:
+        import ray
+
         from train_fns.worker import train_loop_per_worker
 
         plan, cluster = self.plans[0], self.ctx.config.cluster
+        layout = layout_for(ray.nodes(), self.nodes, plan.world_size, cluster.cpus_per_worker,
+                            plan.use_gpu, cluster.placement)  # fmt: skip
         return GroupSpec(
             loop=train_loop_per_worker,
             loop_config={"inbox": self.inbox, "reports": reports},
@@ -187,7 +201,7 @@ class GroupRun:
             cpus_per_worker=cluster.cpus_per_worker,
             env=self.env,
             timeout_s=int(plan.step_deadline_s) + 30,
-            scaling={"label_selector": label_selector(self.nodes)},
+            scaling=layout.scaling(),
         )
 
     def _take(self, item: dict[str, Any], emit: Callable[[int, Outcome], None]) -> None:
@@ -197,6 +211,8 @@ class GroupRun:
             return
         if item["kind"] == "start":
             self._started(index, item.get("rank", 0), item.get("imports_s", 0.0))
+            if item.get(m.PLACE):
+                self.places[item.get("rank", 0)] = {"rank": item.get("rank", 0), **item[m.PLACE]}
             return
         self.ends[index][item["rank"]] = item
         if len(self.ends[index]) == self.plans[index].world_size:
@@ -220,6 +236,9 @@ class GroupRun:
         now = time.monotonic()
         outcome["trial_wall_s"] = now - self.boundary
         outcome["timings"] = self._timings(index, outcome["trial_wall_s"])
+        if self.places:  # every configuration of a group shares its placement
+            outcome[m.RANK_PLACES] = [self.places[r] for r in sorted(self.places)]
+            outcome[m.PLACEMENT] = placement_label(self.places.values())
         self.boundary = now
         self.outcomes[index] = outcome
         emit(index, outcome)

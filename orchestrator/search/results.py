@@ -99,7 +99,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
     header = [
         "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
-        "measured_share", *TIMING_PARTS, "phase", "reason",
+        "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "reason",
     ]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text)
@@ -116,6 +116,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 _fmt(r.attrs.get("trial_wall_s")),
                 _fmt(measured_share(r)),
                 *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
+                r.attrs.get(m.PLACEMENT, ""),
                 r.attrs.get("phase", "") if r.state != m.COMPLETE else "",
                 r.reason,
             ]

@@ -119,7 +119,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
     try:
         use_gpu = resolve_gpu(config)
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
-            config.cluster, num_workers=low)), use_gpu)  # fmt: skip
+            config.cluster, num_workers=low)), use_gpu, placed=False)  # fmt: skip
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
         reports = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),

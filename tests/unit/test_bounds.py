@@ -60,6 +60,7 @@ def _run(clock: list[float]) -> GroupRun:
     run.ctx = SimpleNamespace(config=SimpleNamespace(search=search))
     run.name, run.plans, run.outcomes, run.ends = "g", [_Plan()], [None], [{}]
     run.started, run.ready, run.progress, run.imports_s = {}, set(), {}, 0.0
+    run.places = {}
     run.fit_start = run.boundary = run.dispatched = 0.0
     run.lines = []
     run.heartbeat = Heartbeat(30.0, run.lines.append, clock=lambda: clock[0])
@@ -99,6 +100,22 @@ def test_a_started_group_is_bounded_by_trial_timeout(monkeypatch) -> None:
     assert run._late(lambda i, o: told.append(o)) is True
     assert told[0]["phase"] == MEASURE and "1 of 3 windows" in told[0][m.REASON]
     assert told[0]["timings"]["start_s"] == 20.0
+
+
+def test_each_configuration_carries_where_its_ranks_ran(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("orchestrator.search.group_run.time.monotonic", lambda: clock[0])
+    run, told = _run(clock), []
+    for rank, node in ((1, "B"), (0, "A")):
+        place = {"node_id": node, "node_ip": "10.0.0.1", "node_rank": 0, "local_rank": rank}
+        run._take({"kind": "start", "index": 0, "rank": rank, m.PLACE: place}, told.append)
+    clock[0] = 200.0
+    run._late(lambda i, o: told.append(o))
+    (outcome,) = told
+    assert outcome[m.PLACEMENT] == "node0:1,node1:1"
+    assert [p["rank"] for p in outcome[m.RANK_PLACES]] == [0, 1]
+    assert outcome[m.RANK_PLACES][1] == {"rank": 1, "node_id": "B", "node_ip": "10.0.0.1",
+                                         "node_rank": 0, "local_rank": 1}  # fmt: skip
 
 
 def test_a_training_run_heartbeat_says_what_it_waits_on(tmp_path) -> None:
