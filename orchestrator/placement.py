@@ -160,3 +160,19 @@ def placement_label(places: Iterable[dict[str, Any]]) -> str:
     for place in sorted(places, key=lambda p: p["rank"]):
         counts[place["node_id"]] = counts.get(place["node_id"], 0) + 1
     return ",".join(f"node{i}:{n}" for i, n in enumerate(counts.values()))
+
+
+def mixed_placements(placements: Iterable[tuple[int, str]]) -> str | None:
+    """Which trials ran on which placement, "node0:2 (trials 0, 1); node0:1,node1:1 (trial 2)",
+    when (trial number, placement) pairs hold more than one placement (unknown ones left out);
+    None when they agree: only then do their throughputs compare."""
+    by_label: dict[str, list[int]] = {}
+    for number, label in placements:
+        if label:
+            by_label.setdefault(label, []).append(number)
+    if len(by_label) < 2:
+        return None
+    return "; ".join(
+        f"{label} (trial{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))})"
+        for label, ns in by_label.items()
+    )

@@ -263,11 +263,17 @@ def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
     for row in rows:
         by_pos.setdefault(int(num(row.get("position")) or 0), []).append(row)
     runs = []
+    # The first baseline run's placement: a measurement whose ranks sat otherwise does not compare.
+    first_run = min(rows, key=lambda r: (num(r.get("position")) or 0, num(r.get("repeat")) or 0),
+                    default={})  # fmt: skip
+    placement = first_run.get("placement") or ""
     for pos in sorted(by_pos):
         found = sorted(by_pos[pos], key=lambda r: num(r.get("repeat")) or 0)
         ms = [
             Measure(
-                num(r.get("samples_per_s")) if r.get("state") == "complete" else None,
+                num(r.get("samples_per_s"))
+                if r.get("state") == "complete" and (r.get("placement") or placement) == placement
+                else None,
                 num(r.get("throughput_cv")) or 0.0,
             )
             for r in found

@@ -23,6 +23,7 @@ from orchestrator.costmodel import (
     bus_factor,
 )
 from orchestrator.doctor.record import RunRecord, focus_step, num
+from orchestrator.placement import mixed_placements
 from orchestrator.verdict import MIN_GAIN, judge, runs_from_rows
 from train_fns.metrics import NONFINITE_RATE_MAX
 
@@ -358,6 +359,24 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
     )
 
 
+def rule_mixed_placement(record: RunRecord) -> Finding | None:
+    """Trials whose ranks sat differently on the nodes (8+0 against 4+4) measured the cluster,
+    not the knobs: their throughputs do not compare."""
+    mixed = mixed_placements(
+        (int(num(r.get("number")) or 0), r.get("placement", "")) for r in record.completed()
+    )
+    if mixed is None:
+        return None
+    return Finding(
+        "high",
+        "Trials ran on different placements",
+        f"ranks per node differ between completed trials: {mixed}",
+        "rerun with a strict cluster.placement (pack, the default, or spread) on nodes that can "
+        "hold it; compare only trials of one placement",
+        1.0,
+    )
+
+
 RULES: list[Callable[[RunRecord], Finding | None]] = [
     rule_corrupt,
     rule_data_wait,
@@ -369,6 +388,7 @@ RULES: list[Callable[[RunRecord], Finding | None]] = [
     rule_nccl_on_gloo,
     rule_scaling,
     rule_measurement_noise,
+    rule_mixed_placement,
 ]
 
 

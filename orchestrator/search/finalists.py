@@ -77,19 +77,24 @@ def _show(order: list[TrialRecord], baseline: TrialRecord, i: int, res: dict, re
     )
     again = f" (repeat {repeat})" if repeat else ""
     who = _who(order, baseline, i)
+    if res.get(m.PLACEMENT):
+        shown += f" on {res[m.PLACEMENT]}"
     print(f"re-measure {i + 1}/{len(order)}{again}: {who}: {shown}", flush=True)
 
 
-def _measure(res: dict) -> Measure:
-    done = res.get(m.STATE) == m.COMPLETE
+def _measure(res: dict, placement: str | None) -> Measure:
+    """A measurement as the verdict sees it: one whose ranks sat otherwise than the first
+    baseline run's (``placement``) does not compare, and counts as not completed."""
+    misplaced = placement and res.get(m.PLACEMENT, placement) != placement
+    done = res.get(m.STATE) == m.COMPLETE and not misplaced
     return Measure(res[m.SAMPLES_PER_S] if done else None, res.get(m.THROUGHPUT_CV) or 0.0)
 
 
 def _runs(order: list[TrialRecord], results: list[list[dict]], baseline: TrialRecord) -> list[Run]:
-    runs = []
+    runs, placement = [], results[0][0].get(m.PLACEMENT)
     for rec, found in zip(order, results, strict=True):
-        first = _measure(found[0])
-        repeats = tuple(_measure(res) for res in found[1:])
+        first = _measure(found[0], placement)
+        repeats = tuple(_measure(res, placement) for res in found[1:])
         runs.append(Run(rec.number, rec is baseline, first.samples_per_s, first.cv, repeats))
     return runs
 
@@ -107,7 +112,7 @@ def _write_csv(
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["position", "repeat", "trial", "role", "state", "samples_per_s",
-                    "throughput_cv", "windows", "disturbed"])  # fmt: skip
+                    "throughput_cv", "windows", "disturbed", m.PLACEMENT])  # fmt: skip
         for i, rec in enumerate(order):
             for k, res in enumerate(results[i]):
                 w.writerow(
@@ -115,5 +120,6 @@ def _write_csv(
                         i, k, rec.number, "baseline" if rec is baseline else "finalist",
                         res.get(m.STATE), res.get(m.SAMPLES_PER_S) or "",
                         res.get(m.THROUGHPUT_CV) or "", windows, why[i][k],
+                        res.get(m.PLACEMENT, ""),
                     ]
                 )  # fmt: skip

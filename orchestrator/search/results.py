@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
+from orchestrator.placement import mixed_placements
 from orchestrator.runfiles import write_atomic
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
@@ -189,6 +190,10 @@ def write_outputs(
         return ["no trial completed: see trials.csv for each trial's reason"]
     base = baseline_record(recs, space.baseline())
     lines = [summary_line(recs, best, base)]
+    mixed = mixed_placements((r.number, r.attrs.get(m.PLACEMENT, "")) for r in recs if r.value)
+    if mixed:
+        lines.append(f"warning: trials ran on different placements, {mixed}: their throughputs"
+                     " do not compare (cluster.placement holds them to one)")  # fmt: skip
     header = ""
     if verdict is not None and verdict.comparisons:
         lines.append("re-measured, interleaved with the baseline: " + verdict.line())

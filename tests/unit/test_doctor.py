@@ -123,6 +123,10 @@ CASES = {
     "rule_scaling": mutate(
         healthy(), run_info={**healthy().run_info, "single_worker_samples_per_s": 100.0}
     ),
+    "rule_mixed_placement": mutate(healthy(), trials=[
+        trial_row(0, 100.0, placement="node0:8"),
+        trial_row(1, 120.0, placement="node0:4,node1:4"),
+    ]),  # fmt: skip
 }
 
 

@@ -7,13 +7,16 @@ from collections import Counter
 
 import pytest
 
+from orchestrator.config import ClusterConfig, ConfigError
 from orchestrator.placement import (
     NODE_LABEL,
     PlacementError,
     choose_layout,
     layout_for,
+    mixed_placements,
     placement_label,
 )
+from orchestrator.session import check_placement
 
 EIGHT_GPU_NODES = [("b", 8), ("a", 8), ("c", 8)]
 
@@ -89,3 +92,39 @@ def test_placement_label_tells_shapes_apart_not_machines() -> None:
     assert placement_label(places("XXYY")) == "node0:2,node1:2"
     assert placement_label(places("AAAB")) != placement_label(places("AABB"))
     assert placement_label(list(reversed(places("AABBB")))) == "node0:2,node1:3"
+
+
+def test_mixed_placements_names_each_placement_with_its_trials() -> None:
+    assert mixed_placements([(0, "node0:2"), (1, "node0:2"), (2, "")]) is None  # unknown: left out
+    assert mixed_placements([(0, "node0:8"), (1, "node0:4,node1:4"), (2, "node0:8")]) == (
+        "node0:8 (trials 0, 2); node0:4,node1:4 (trial 1)"
+    )
+
+
+def test_a_strict_placement_the_cluster_cannot_give_is_a_config_error() -> None:
+    one_node = [ray_node("a", 8)]
+    check_placement(one_node, ClusterConfig(num_workers=2, placement="pack"), False)
+    with pytest.raises(ConfigError, match=r"cluster\.placement: spread of 2 workers: 2 ranks "
+                       r"cannot spread over 1 node .*set cluster.placement=pack"):  # fmt: skip
+        check_placement(one_node, ClusterConfig(num_workers=2, placement="spread"), False)
+    two = [ray_node("a", 64, 8), ray_node("b", 64, 8)]
+    with pytest.raises(ConfigError, match="17 ranks do not fit: the nodes hold 16.*GPUs"):
+        check_placement(two, ClusterConfig(num_workers=17, placement="pack"), True)
+
+
+def test_the_search_summary_warns_when_trials_ran_on_different_placements(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from orchestrator.config import Config
+    from orchestrator.search.results import TrialRecord, write_outputs
+    from train_fns import metrics as m
+
+    space = SimpleNamespace(baseline=lambda: {}, knobs=lambda p: {}, env_vars=lambda p: {})
+    recs = [TrialRecord(n, m.COMPLETE, "", {}, {m.SAMPLES_PER_S: v, m.PLACEMENT: p})
+            for n, v, p in [(0, 10.0, "node0:2"), (1, 12.0, "node0:1,node1:1")]]  # fmt: skip
+    lines = write_outputs(recs, Config(), space, tmp_path)  # type: ignore[arg-type]
+    assert any(line.startswith("warning: trials ran on different placements, node0:2 (trial 0)")
+               for line in lines), lines  # fmt: skip
+    assert "placement" in (tmp_path / "trials.csv").read_text().splitlines()[0].split(",")
+    recs[1].attrs[m.PLACEMENT] = "node0:2"
+    assert not any("placements" in line for line in write_outputs(recs, Config(), space, tmp_path))

@@ -148,3 +148,20 @@ def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -
     head = (tmp_path / "best.yaml").read_text().splitlines()[:2]
     assert head[0].startswith("# commtune best configuration: trial 0,")  # too noisy: baseline
     assert "too noisy to decide" in head[1]
+
+
+def test_a_run_placed_otherwise_than_the_baseline_is_not_compared() -> None:
+    """remeasure.csv: the finalist's ranks sat 4+4 while the baseline's sat 8+0; its figure
+    is the cluster's, not the knobs'."""
+    rows = [
+        {"position": str(i), "trial": str(n), "role": "baseline" if n == 0 else "finalist",
+         "state": "complete", "samples_per_s": str(v), "throughput_cv": "0.01", "placement": p}
+        for i, (n, v, p) in enumerate(
+            [(0, 100.0, "node0:8"), (5, 150.0, "node0:4,node1:4"), (0, 100.0, "node0:8")]
+        )
+    ]  # fmt: skip
+    runs, _ = runs_from_rows(rows)
+    assert runs[1].samples_per_s is None and runs[0].samples_per_s == 100.0
+    assert judge(runs, 3).chosen is None
+    rows[1]["placement"] = "node0:8"
+    assert runs_from_rows(rows)[0][1].samples_per_s == 150.0
