@@ -55,11 +55,12 @@ def section_throughput(record: RunRecord) -> str:
     fig.legend(loc="outside lower center", ncols=4, fontsize="small")
     listed = [
         [r["number"], r.get("state", ""), fmt(num(r.get("samples_per_s"))),
-         fmt(num(r.get("throughput_cv")), ".1%"), (r.get("reason") or "")[:160]]
+         fmt(num(r.get("throughput_cv")), ".1%"), r.get("placement") or "",
+         (r.get("reason") or "")[:160]]
         for r in rows
     ]  # fmt: skip
     return png(fig, "throughput per trial") + html_table(
-        ["trial", "state", "samples/s", "cv", "reason"], listed
+        ["trial", "state", "samples/s", "cv", "placement (ranks per node)", "reason"], listed
     )
 
 

@@ -225,3 +225,14 @@ def test_a_broken_file_costs_its_section_only(tmp_path: Path) -> None:
 def test_empty_folder_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(tmp_path)]) == 2
     assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_the_trial_table_shows_each_trials_placement() -> None:
+    from orchestrator.doctor import RunRecord
+    from orchestrator.report.trials import section_throughput
+
+    rows = [{"number": "0", "state": "complete", "samples_per_s": "10", "placement": "node0:2"},
+            {"number": "1", "state": "complete", "samples_per_s": "12",
+             "placement": "node0:1,node1:1"}]  # fmt: skip
+    html = section_throughput(RunRecord(trials=rows))
+    assert "placement (ranks per node)" in html and "node0:1,node1:1" in html
