@@ -1,0 +1,102 @@
+"""How far the final verdict can be trusted: the README's default search, run again and again.
+
+Runs ``python -m orchestrator.search`` (the cpu-demo default, each run in its own folder with
+the same seed) ``--clean`` times on a quiet machine, then ``--hogged`` times with a CPU hog
+(one busy process per core) started when the re-measurement begins and stopped after
+``--hog-s`` seconds, as a neighbour job would. For each run it prints the final verdict line and
+the re-measured runs flagged disturbed in ``remeasure.csv``. A verdict a user can bet on is the
+same finalist (or the same "keep the baseline") on the clean runs, and the hogged run either
+agrees, measures the disturbed runs again, or says it is too noisy to decide.
+
+    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 35 min, 2 cores)
+    python -m benchmarks.verdicts --clean 1 --hogged 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REMEASURE_MARK = "re-measure 1/"
+"""The search's first re-measurement line: the moment the hog starts."""
+
+
+def _burn(stop_at: float) -> None:
+    """One busy core until ``stop_at`` (a neighbour's training step, as the OS sees it)."""
+    while time.monotonic() < stop_at:
+        pass
+
+
+def _hog(seconds: float) -> list[multiprocessing.Process]:
+    stop_at = time.monotonic() + seconds
+    cores = os.cpu_count() or 1
+    procs = [multiprocessing.Process(target=_burn, args=(stop_at,)) for _ in range(cores)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def run_once(out: Path, hog_s: float | None, extra: list[str]) -> dict[str, str]:
+    """One default search; with ``hog_s``, a hog starts at its first re-measurement line."""
+    cmd = [sys.executable, "-m", "orchestrator.search", "--out", str(out), *extra]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    lines: list[str] = []
+    hogs: list[multiprocessing.Process] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if hog_s is not None and not hogs and line.startswith(REMEASURE_MARK):
+            hogs = _hog(hog_s)
+            print(f"  hog: {len(hogs)} busy process(es) for {hog_s:.0f} s", flush=True)
+    code = proc.wait()
+    for p in hogs:
+        p.join()
+    if code != 0:
+        raise SystemExit(f"search exited {code}:\n" + "\n".join(lines[-30:]))
+    verdict = next((x.strip() for x in reversed(lines) if _VERDICT in x), "(no verdict)")
+    wall_s = f"{time.monotonic() - started:.0f}"
+    return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(out / "remeasure.csv")}
+
+
+_VERDICT = "re-measured, interleaved with the baseline:"
+"""How the search's summary introduces the verdict (orchestrator.search.results)."""
+
+
+def _disturbed(path: Path) -> str:
+    """Which re-measured runs were flagged disturbed (and repeated)."""
+    if not path.exists():
+        return "no remeasure.csv"
+    rows = list(csv.DictReader(path.open()))
+    bad = [f"trial {r['trial']} run {r['position']}.{r['repeat']}" for r in rows if r["disturbed"]]
+    return f"{len(bad)}/{len(rows)} disturbed" + (f" ({', '.join(bad)})" if bad else "")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clean", type=int, default=3, help="runs on a quiet machine")
+    ap.add_argument("--hogged", type=int, default=1, help="runs with a hog during re-measurement")
+    ap.add_argument("--hog-s", type=float, default=60.0, help="how long the hog runs")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed on to the search")  # fmt: skip
+    args = ap.parse_args(argv)
+    extra = [x for kv in args.set for x in ("--set", kv)]
+    plan = [None] * args.clean + [args.hog_s] * args.hogged
+    with tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp:
+        for i, hog_s in enumerate(plan):
+            print(f"run {i + 1}/{len(plan)}{' (hogged)' if hog_s else ''} ...", flush=True)
+            row = run_once(Path(tmp) / f"run{i}", hog_s, extra)
+            print(f"  {row['wall_s']} s; {row['disturbed']}\n  {row['verdict']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
