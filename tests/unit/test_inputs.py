@@ -45,7 +45,10 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "nan.yaml").write_text("search:\n  time_budget_min: .nan\n")
     (tmp_path / "dup.yaml").write_text("search:\n  trials: 3\n  trials: 300\n")
     small = json.dumps({"model_type": "bert", "max_position_embeddings": 32})
-    for name, text in (("broken", '{"model_type": "bert", '), ("nolist", "[1]"), ("small", small)):
+    typo = json.dumps({"model_type": "robertta"})
+    for name, text in (
+        ("broken", '{"model_type": "bert", '), ("nolist", "[1]"), ("small", small), ("typo", typo)
+    ):  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(text)
     (tmp_path / "empty").mkdir()
@@ -64,6 +67,9 @@ BAD = [
     (["--set", "workload.model={d}/nolist"], "workload.model", "'model_type'"),
     (["--set", "workload.model={d}/empty"], "workload.model", "config.json"),
     (["--set", "workload.model=./no-such-model"], "workload.model", "config.json"),
+    (["--set", "workload.model={d}/typo"], "workload.model", "did you mean 'roberta'"),
+    (["--set", "workload.model=robertta"], "workload.model", "did you mean 'roberta'"),
+    (["--set", "workload.model=bert-lage"], "workload.model", "did you mean 'bert-large'"),
     (["--set", "search.seed=-1"], "search.seed", "from 0 to"),
     (["--dry-run", "--tflops", "0"], "--tflops", "0.0"),
     (["--dry-run", "--tflops", "nan"], "--tflops", "nan"),
