@@ -119,6 +119,9 @@ BAD = [
     (["--storage", "/no/such/dir/study.log"], "search.storage", "not a folder"),
     (["--address", "no-such-host:1x"], "cluster.address", "HOST:PORT"),
     (["--address", "host:70000"], "cluster.address", "HOST:PORT"),
+    (["--address", "127.0.0.1:1"], "--address", "nothing answers at 127.0.0.1:1"),
+    (["--address", "ray://127.0.0.1:1"], "--address", "Ray client server"),
+    (["--set", "cluster.address=127.0.0.1:1"], "cluster.address", "ray start --head"),
 ]
 
 
@@ -178,6 +181,9 @@ def test_train_probe_report_doctor_refuse_bad_inputs(files: Path) -> None:
     code, err = _run(train.main, SMOKE + ["--out", str(files / "run"), "--resume"])
     assert code == 2 and "--out" in err and "unreadable" in err
     assert _run(probe.main, ["--out", str(files / "afile")])[0] == 2
+    for entry, argv in ((train.main, SMOKE), (probe.main, [])):
+        code, err = _run(entry, [*argv, "--address", "127.0.0.1:1", "--out", str(files / "x")])
+        assert code == 2 and "--address: nothing answers at 127.0.0.1:1" in err, err
     run = files / "searched"
     run.mkdir()
     (run / "trials.csv").write_text("number,state\n")
