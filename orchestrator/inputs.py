@@ -320,12 +320,11 @@ def _source_positions(workload: Any) -> int | None:
     if model_type not in types:
         if folder is None:
             raise _unknown_model(workload.model, types)
-        close = difflib.get_close_matches(model_type, types, n=3)
-        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
         raise ConfigError(
             "workload.model",
             f"{folder / 'config.json'} has model_type {model_type!r}, which the installed "
-            f"transformers does not know; {hint}fix its model_type or upgrade transformers",
+            f"transformers does not know; {_did_you_mean(model_type, types)}fix its "
+            "model_type or upgrade transformers",
         )
     return default_positions(model_type, POSITION_KEYS, {**stated, **workload.model_overrides})
 
@@ -334,13 +333,17 @@ def _unknown_model(model: str, types: Any) -> ConfigError:
     """Neither a preset, a folder nor an HF model type: close names, or a cached hub copy."""
     from train_fns.model_presets import MODEL_PRESETS
 
-    close = difflib.get_close_matches(model, [*MODEL_PRESETS, *types], n=3)
-    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    hint = _did_you_mean(model, [*MODEL_PRESETS, *types])
     return ConfigError(
         "workload.model",
         f"unknown model {model!r}; {hint}use a preset ({', '.join(MODEL_PRESETS)}), an HF "
         f"model type such as 'roberta', or a local directory with config.json{_cached(model)}",
     )
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, choices, n=3)
+    return f"did you mean {' or '.join(map(repr, close))}? " if close else ""
 
 
 def _cached(model: str) -> str:
