@@ -94,13 +94,17 @@ def model_types() -> dict[str, str] | None:
     return found if len(found) > 10 else None  # a handful means the layout has changed
 
 
+@functools.cache
+def _special_modules() -> dict[str, str]:
+    return _mapping(_auto_files(), "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
+
+
 def _config_file(model_type: str) -> Path | None:
     """The configuration module of a model type (transformers' model_type_to_module_name)."""
     package = _package()
     if package is None:
         return None
-    special = _mapping(_auto_files(), "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
-    module = special.get(model_type, model_type.replace("-", "_"))
+    module = _special_modules().get(model_type, model_type.replace("-", "_"))
     for folder in (package / "models" / module, package / "models" / "deprecated" / module):
         path = folder / f"configuration_{module}.py"
         if path.is_file():
