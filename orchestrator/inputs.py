@@ -13,9 +13,11 @@ import difflib
 import math
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -205,6 +207,31 @@ def check_address(address: str | None, key: str = "cluster.address") -> None:
         raise ConfigError(key, f"got {address!r}; use auto, HOST:PORT or ray://HOST:PORT")
 
 
+REACH_TIMEOUT_S = 1.5
+"""How long a TCP connect to a cluster may take: a head answers in milliseconds, even across
+regions (and a lost SYN is resent after 1 s); an address nothing answers at made Ray retry
+for a minute or more before it failed."""
+
+
+def check_reachable(address: str | None, key: str, fix: str) -> None:
+    """Something listens at ``address`` (``HOST:PORT``, ``ray://HOST:PORT`` or an http(s)
+    URL): a TCP connect, closed at once. ``auto`` and what does not parse are left to Ray."""
+    if address is None or address in ("auto", "local"):
+        return
+    try:
+        url = urlsplit(address if "://" in address else f"tcp://{address}")
+        host, port = url.hostname, url.port or {"http": 80, "https": 443}.get(url.scheme)
+    except ValueError:  # a port out of range: check_address names it
+        return
+    if not host or not port:
+        return
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        why = f"no answer in {REACH_TIMEOUT_S:g} s" if isinstance(e, TimeoutError) else e.strerror
+        raise ConfigError(key, f"nothing answers at {address} ({why or e}); {fix}") from e
+
+
 def check_report_path(out: Path, key: str = "--out") -> None:
     """A file commtune will write: not a folder, in a folder it can create or write."""
     if out.is_dir():
@@ -224,8 +251,11 @@ def check_workload(workload: Any) -> None:
     model = workload.model
     looks_like_path = model.startswith((".", "~", "/")) or os.sep in model
     if local_dir(model) is None and (looks_like_path or Path(model).expanduser().is_dir()):
-        raise ConfigError("workload.model", f"{model} is not a folder with config.json; "
-                          "point workload.model at a Hugging Face model folder")  # fmt: skip
+        raise ConfigError(
+            "workload.model",
+            f"{model} is not a folder with config.json; point workload.model at a Hugging "
+            f"Face model folder{_cached(model)}",
+        )
     try:
         limit = declared_positions(model, workload.model_overrides)
     except (OSError, ValueError) as e:
@@ -233,6 +263,7 @@ def check_workload(workload: Any) -> None:
     _check_files(workload)
     _check_seq_len(workload, limit)  # what the preset or config.json states: no import
     if model not in MODEL_PRESETS:  # an HF model type or a local config: transformers reads it
+        _check_seq_len(workload, _source_positions(workload))  # its source: no import
         _check_seq_len(workload, _hf_positions(workload))
 
 
@@ -273,18 +304,63 @@ def _check_files(workload: Any) -> None:
                           "a local tokenizer folder or leave it unset")  # fmt: skip
 
 
+def _source_positions(workload: Any) -> int | None:
+    """The model type (named, or a local config.json's) is one the installed transformers
+    knows, and the positions its config will hold, both read from transformers' source files
+    (an import takes 5-15 s; a typo should exit at once). None: the source does not say."""
+    from train_fns.hf_source import default_positions, model_types
+    from train_fns.model_presets import POSITION_KEYS, local_dir, read_config_json
+
+    types = model_types()
+    if types is None:  # an unknown layout of transformers: _hf_positions asks it
+        return None
+    folder = local_dir(workload.model)
+    stated = read_config_json(folder) if folder is not None else {}
+    model_type = stated.get("model_type", workload.model)
+    if model_type not in types:
+        if folder is None:
+            raise _unknown_model(workload.model, types)
+        raise ConfigError(
+            "workload.model",
+            f"{folder / 'config.json'} has model_type {model_type!r}, which the installed "
+            f"transformers does not know; {_did_you_mean(model_type, types)}fix its "
+            "model_type or upgrade transformers",
+        )
+    return default_positions(model_type, POSITION_KEYS, {**stated, **workload.model_overrides})
+
+
+def _unknown_model(model: str, types: Any) -> ConfigError:
+    """Neither a preset, a folder nor an HF model type: close names, or a cached hub copy."""
+    from train_fns.model_presets import MODEL_PRESETS
+
+    hint = _did_you_mean(model, [*MODEL_PRESETS, *types])
+    return ConfigError(
+        "workload.model",
+        f"unknown model {model!r}; {hint}use a preset ({', '.join(MODEL_PRESETS)}), an HF "
+        f"model type such as 'roberta', or a local directory with config.json{_cached(model)}",
+    )
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, choices, n=3)
+    return f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+
+
+def _cached(model: str) -> str:
+    """A hint naming the hub cache's copy of ``model``, if one is on disk (never fetched)."""
+    from train_fns.hf_source import hub_cache_snapshot
+
+    found = hub_cache_snapshot(model)
+    return f" (a copy is in the Hugging Face cache: workload.model: {found})" if found else ""
+
+
 def _hf_positions(workload: Any) -> int | None:
     """The positions of an HF model type or a local model's config, as transformers reads
     them (imported only here, once every cheap check has passed)."""
     from train_fns.model_presets import is_known_model
 
     if not is_known_model(workload.model):
-        raise ConfigError(
-            "workload.model",
-            f"unknown model {workload.model!r}; use a preset (bert-large, bert-base, "
-            "bert-mini, bert-tiny, gpt2), an HF model type such as 'roberta', or a local "
-            "directory with config.json",
-        )
+        raise _unknown_model(workload.model, ())
     from train_fns.models import max_positions, resolve_model_config
 
     try:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from orchestrator.config import ClusterConfig, Config, ConfigError
+from orchestrator.inputs import check_reachable
 from orchestrator.placement import PlacementError, layout_for
 
 TRIAL_CPU = 0.01
@@ -27,6 +28,29 @@ def backend_name(use_gpu: bool) -> str:
 def cpus_needed(cluster: ClusterConfig) -> float:
     """One trial's CPUs: its workers plus the trial driver's sliver."""
     return cluster.num_workers * cluster.cpus_per_worker + TRIAL_CPU
+
+
+def ray_address(config: Config) -> str | None:
+    """The cluster to join: ``cluster.address``, else RAY_ADDRESS (how ``ray job submit``
+    tells a job's driver where its cluster is); None starts a local Ray."""
+    return config.cluster.address or os.environ.get("RAY_ADDRESS")
+
+
+def check_ray_address(config: Config, key: str = "cluster.address") -> None:
+    """Exit-2 material before Ray starts: a cluster address nothing answers at (Ray would
+    retry it for a minute or more). ``key`` is how the user gave it (``--address``)."""
+    check_reachable(ray_address(config), *_key_and_fix(config, key))
+
+
+def _key_and_fix(config: Config, key: str) -> tuple[str, str]:
+    """Where the address came from, and what to do about one that is not a Ray cluster."""
+    address = ray_address(config) or ""
+    what = "Ray client server (10001)" if address.startswith("ray://") else "GCS"
+    fix = (
+        f"start the cluster with `ray start --head` and pass its {what} HOST:PORT, or omit "
+        "--address (and cluster.address) for a local Ray"
+    )
+    return ("RAY_ADDRESS" if not config.cluster.address else key), fix
 
 
 def start_ray(config: Config, verbose: bool) -> None:
@@ -47,10 +71,16 @@ def start_ray(config: Config, verbose: bool) -> None:
         dashboard_host="127.0.0.1",
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
-    # A Ray job's driver (``ray job submit``) finds its cluster in RAY_ADDRESS.
-    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(config)
     if address:
-        ray.init(address=address, **kwargs)
+        check_ray_address(config)
+        try:
+            ray.init(address=address, **kwargs)
+        except ConnectionError as e:  # it answered, but no Ray there (or `auto` found none)
+            key, fix = _key_and_fix(config, "cluster.address")
+            first = (str(e).strip().splitlines() or ["no Ray cluster"])[0]
+            message = f"cannot join a Ray cluster at {address} ({first}); {fix}"
+            raise ConfigError(key, message) from e
         return
     needed = math.ceil(cpus_needed(cluster))
     ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)

@@ -54,13 +54,16 @@ def local_dir(model: str) -> Path | None:
 
 
 def is_known_model(name: str) -> bool:
-    """Cheap check for the driver's config validation: nothing is built or downloaded
-    (transformers is imported only for a name that is neither a preset nor a directory)."""
+    """Cheap check for the driver's config validation: nothing is built or downloaded, and
+    transformers is not imported (its model types are read from its source files)."""
     if name in MODEL_PRESETS or local_dir(name) is not None:
         return True
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from train_fns.hf_source import model_types
 
-    return name in CONFIG_MAPPING_NAMES
+    types = model_types()  # read from transformers' source; imported only if that fails
+    if types is None:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES as types
+    return name in types
 
 
 def read_config_json(folder: Path) -> dict[str, Any]:

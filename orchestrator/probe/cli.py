@@ -28,7 +28,7 @@ from orchestrator.probe.sweep import (
     write_csv,
 )
 from orchestrator.probe.tuner_conf import choose, measure, write
-from orchestrator.session import resolve_gpu, start_ray
+from orchestrator.session import check_ray_address, resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
 
@@ -101,7 +101,9 @@ def prepare(args: argparse.Namespace) -> tuple[Config, ProbeSettings]:
     if args.tuner_conf and args.backend == "gloo":
         raise ConfigError("--tuner-conf", "the tuner file is NCCL's; drop --backend gloo")
     base = load_config(args.config) if args.config else Config()
-    return probe_config(base, args.workers, args.address, args.backend, env), settings
+    config = probe_config(base, args.workers, args.address, args.backend, env)
+    check_ray_address(config, "--address" if args.address else "cluster.address")
+    return config, settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_entrypoint
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
+from orchestrator.session import check_ray_address
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
 
@@ -132,6 +133,8 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     config, faults = check(args)
     out = output_dir(args, config)
     check_out_dir(out)
+    if not args.dry_run:
+        check_ray_address(config, "--address" if args.address else "cluster.address")
     if not args.resume and any(
         (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, "trials.csv")
     ):

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.inputs import parse_env_items
+from orchestrator.inputs import check_reachable, parse_env_items
 from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -87,12 +87,16 @@ def check_transport(address: str, has_token: bool, insecure: bool) -> None:
 
 
 def client(args: argparse.Namespace):
-    """A Jobs API client that sends the token explicitly (whatever this shell's RAY_AUTH_MODE)."""
+    """A Jobs API client that sends the token explicitly (whatever this shell's RAY_AUTH_MODE).
+    The address is checked first, before Ray is imported: a bare HOST:PORT that nothing
+    answers at made Ray wait for a GCS there for 45 s."""
+    token = find_token(args.token_file)
+    check_transport(args.address, token is not None, getattr(args, "insecure", False))
+    check_reachable(args.address, "--address", "is the head up and the tunnel open (`ray "
+                    f"dashboard cluster.yaml`, then --address {DEFAULT_ADDRESS})?")  # fmt: skip
     from ray.exceptions import RayError
     from ray.job_submission import JobSubmissionClient
 
-    token = find_token(args.token_file)
-    check_transport(args.address, token is not None, getattr(args, "insecure", False))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         return JobSubmissionClient(args.address, headers=headers)

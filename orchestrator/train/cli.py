@@ -23,6 +23,7 @@ from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_entrypoint
 from orchestrator.runfiles import TRAIN_RUN_NAME
+from orchestrator.session import check_ray_address
 from train_fns.metrics import STATE_FILE
 
 
@@ -78,6 +79,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     config = check(args)
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     check_out_dir(out)
+    check_ray_address(config, "--address" if args.address else "cluster.address")
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "

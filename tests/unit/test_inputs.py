@@ -45,7 +45,10 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "nan.yaml").write_text("search:\n  time_budget_min: .nan\n")
     (tmp_path / "dup.yaml").write_text("search:\n  trials: 3\n  trials: 300\n")
     small = json.dumps({"model_type": "bert", "max_position_embeddings": 32})
-    for name, text in (("broken", '{"model_type": "bert", '), ("nolist", "[1]"), ("small", small)):
+    typo = json.dumps({"model_type": "robertta"})
+    for name, text in (
+        ("broken", '{"model_type": "bert", '), ("nolist", "[1]"), ("small", small), ("typo", typo)
+    ):  # fmt: skip
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(text)
     (tmp_path / "empty").mkdir()
@@ -64,6 +67,9 @@ BAD = [
     (["--set", "workload.model={d}/nolist"], "workload.model", "'model_type'"),
     (["--set", "workload.model={d}/empty"], "workload.model", "config.json"),
     (["--set", "workload.model=./no-such-model"], "workload.model", "config.json"),
+    (["--set", "workload.model={d}/typo"], "workload.model", "did you mean 'roberta'"),
+    (["--set", "workload.model=robertta"], "workload.model", "did you mean 'roberta'"),
+    (["--set", "workload.model=bert-lage"], "workload.model", "did you mean 'bert-large'"),
     (["--set", "search.seed=-1"], "search.seed", "from 0 to"),
     (["--dry-run", "--tflops", "0"], "--tflops", "0.0"),
     (["--dry-run", "--tflops", "nan"], "--tflops", "nan"),
@@ -114,6 +120,9 @@ BAD = [
     (["--storage", "/no/such/dir/study.log"], "search.storage", "not a folder"),
     (["--address", "no-such-host:1x"], "cluster.address", "HOST:PORT"),
     (["--address", "host:70000"], "cluster.address", "HOST:PORT"),
+    (["--address", "127.0.0.1:1"], "--address", "nothing answers at 127.0.0.1:1"),
+    (["--address", "ray://127.0.0.1:1"], "--address", "Ray client server"),
+    (["--set", "cluster.address=127.0.0.1:1"], "cluster.address", "ray start --head"),
 ]
 
 
@@ -173,6 +182,9 @@ def test_train_probe_report_doctor_refuse_bad_inputs(files: Path) -> None:
     code, err = _run(train.main, SMOKE + ["--out", str(files / "run"), "--resume"])
     assert code == 2 and "--out" in err and "unreadable" in err
     assert _run(probe.main, ["--out", str(files / "afile")])[0] == 2
+    for entry, argv in ((train.main, SMOKE), (probe.main, [])):
+        code, err = _run(entry, [*argv, "--address", "127.0.0.1:1", "--out", str(files / "x")])
+        assert code == 2 and "--address: nothing answers at 127.0.0.1:1" in err, err
     run = files / "searched"
     run.mkdir()
     (run / "trials.csv").write_text("number,state\n")

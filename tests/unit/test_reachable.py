@@ -1,0 +1,102 @@
+"""A cluster address nothing answers at exits 2 before Ray (issue 15: Ray retried
+``--address 127.0.0.1:1`` for 40 s, then a traceback); the submit path checks its Jobs API."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import Config, ConfigError
+from orchestrator.inputs import check_reachable
+from orchestrator.session import check_ray_address, start_ray
+from orchestrator.submit import cli as submit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A port something listens at (a GCS stand-in), and one that nothing does."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_answering_address_passes_and_auto_is_left_to_ray(listening: int) -> None:
+    for address in (f"127.0.0.1:{listening}", f"ray://127.0.0.1:{listening}", "auto", None):
+        check_reachable(address, "--address", "fix")
+    check_reachable(f"http://127.0.0.1:{listening}", "--address", "fix")
+
+
+def test_a_closed_port_an_unknown_host_and_silence_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = _closed_port()
+    with pytest.raises(ConfigError, match=rf"--address: nothing answers at 127.0.0.1:{port} \("):
+        check_reachable(f"127.0.0.1:{port}", "--address", "start it")
+    with pytest.raises(ConfigError, match="nothing answers at no-such-host.invalid:6379"):
+        check_reachable("no-such-host.invalid:6379", "--address", "start it")
+
+    def silent(*args: object, **kwargs: object) -> None:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", silent)
+    with pytest.raises(ConfigError, match=r"no answer in 1.5 s\); start it"):
+        check_reachable("10.255.255.1:6379", "--address", "start it")
+
+
+def test_ray_address_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = _closed_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match="RAY_ADDRESS: nothing answers.*ray start --head"):
+        check_ray_address(Config())
+
+
+def test_an_answer_that_is_not_ray_is_one_line_not_a_traceback(
+    listening: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something answers, but Ray cannot join it (its retries end in ConnectionError)."""
+    import ray
+
+    def refuse(**kwargs: object) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at 127.0.0.1:{listening}")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    config = Config()
+    config.cluster.address = f"127.0.0.1:{listening}"
+    with pytest.raises(ConfigError, match="cluster.address: cannot join a Ray cluster at"):
+        start_ray(config, verbose=False)
+
+
+def test_submit_checks_the_jobs_api_address_first(capsys: pytest.CaptureFixture) -> None:
+    port = _closed_port()
+    code = submit.main(["--address", f"http://127.0.0.1:{port}", "status", "job-1"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert code == 2 and f"--address: nothing answers at http://127.0.0.1:{port}" in err
+
+
+def test_an_unreachable_address_exits_fast_through_the_cli(tmp_path: Path) -> None:
+    """Through the real CLI: exit 2 naming --address, no Ray started, nothing written."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--address",
+         f"127.0.0.1:{_closed_port()}", "--out", str(tmp_path / "out")],  # fmt: skip
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2 and "--address: nothing answers" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert elapsed < 8, f"an unreachable address took {elapsed:.1f}s (target: under 3 s)"
