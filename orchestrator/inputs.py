@@ -100,8 +100,8 @@ def _check_tuned_fit(tuned: dict[str, Any], config: Any) -> None:
             f"{reshard} ranks must divide cluster.num_workers={workers} and be fewer; use "
             "true, false or such a divisor"),
         "reduce_dtype": tuned.get("reduce_dtype", "fp32") not in ("fp32", precision) and (
-            f"{tuned.get('reduce_dtype')} under workload.precision={precision}; use fp32 or "
-            f"{precision}"),
+            f"{tuned.get('reduce_dtype')} under workload.precision={precision}; use fp32"
+            + ("" if precision == "fp32" else f" or {precision}")),
         "adamw_impl": tuned.get("adamw_impl") == "fused" and config.cluster.use_gpu is False
         and "fused AdamW runs on CUDA only and cluster.use_gpu is false; use foreach or null",
     }  # fmt: skip

@@ -224,8 +224,8 @@ class TrialPlan:
             (self.ddp.comm_hook in (None, *COMM_HOOKS), f"ddp.comm_hook={self.ddp.comm_hook!r}; "
              f"use null or one of {COMM_HOOKS}"),
             (self.fsdp.reduce_dtype in ("fp32", self.precision), f"fsdp.reduce_dtype="
-             f"{self.fsdp.reduce_dtype!r} under precision={self.precision}; use fp32 or "
-             f"{self.precision}"),
+             f"{self.fsdp.reduce_dtype!r} under precision={self.precision}; use fp32"
+             + ("" if self.precision == "fp32" else f" or {self.precision}")),
             (self.adamw_impl in (None, *ADAMW_IMPLS), f"adamw_impl={self.adamw_impl!r}; use "
              f"null or one of {ADAMW_IMPLS}"),
             (self.ddp.comm_hook != "bf16" or self.use_gpu, "ddp.comm_hook=bf16 needs GPUs "

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
-from orchestrator.runfiles import write_atomic
+from orchestrator.runfiles import TUNER_CONF, write_atomic
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
@@ -206,9 +206,26 @@ def write_outputs(
     write_atomic(
         out / "best.env",
         "# environment of the best trial (source it before torchrun or another launcher)\n"
-        + "".join(line + "\n" for line in env_lines),
+        + "".join(line + "\n" for line in env_lines + tuner_lines(out)),
     )
     return lines
+
+
+def tuner_lines(out: Path) -> list[str]:
+    """best.env's NCCL tuner-plugin setting when the probe wrote nccl_tuner.conf in ``out``:
+    NCCL_ALGO/NCCL_PROTO fix one choice for every size, the plugin picks per size. The plugin
+    is a shared library commtune does not build, so a user's own NCCL_TUNER_PLUGIN (a path)
+    wins, and ``example`` makes NCCL load libnccl-tuner-example.so from LD_LIBRARY_PATH."""
+    conf = out / TUNER_CONF
+    if not conf.is_file():
+        return []
+    return [
+        f"# NCCL's tuner plugin: the probe's fastest algorithm/protocol per size ({TUNER_CONF});",
+        "# build NVIDIA/nccl ext-tuner/example and put libnccl-tuner-example.so on LD_LIBRARY_PATH",
+        "# (or set NCCL_TUNER_PLUGIN to its path first); its rules match this run's rank count",
+        'export NCCL_TUNER_PLUGIN="${NCCL_TUNER_PLUGIN:-example}"',
+        f"export NCCL_TUNER_CONFIG_FILE={shlex.quote(str(conf.resolve()))}",
+    ]
 
 
 def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str:
