@@ -60,6 +60,7 @@ from ._env import (
     check_env_var,
     env_strings,
     is_env_name,
+    lossy_knobs,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
 from ._space import SearchSpace
@@ -79,5 +80,6 @@ __all__ = [
     "is_env_name",
     "load_space_file",
     "load_spaces",
+    "lossy_knobs",
     "shipped_space_names",
 ]

@@ -83,6 +83,11 @@ some of them, ``tuned`` may hold one."""
 LOSSY_VALUES = {"comm_hook": ("bf16", "fp16"), "reduce_dtype": ("bf16", "fp16")}
 """Knob values that change the maths: offered and accepted only with search.lossy."""
 
+
+def lossy_knobs(params: Mapping[str, Any]) -> list[str]:
+    """The lossy knob values among a trial's params (``comm_hook=fp16``), for its reports."""
+    return [f"{k}={params[k]}" for k, values in LOSSY_VALUES.items() if params.get(k) in values]
+
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 MAX_SOCKET_PRODUCT = 64
 """NCCL refuses more than 64 sockets per peer (``NCCL_SOCKET_NTHREADS * NCCL_NSOCKS_PERTHREAD``)."""

@@ -22,7 +22,7 @@ from orchestrator.runfiles import TUNER_CONF, write_atomic
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
-from search_spaces import SearchSpace
+from search_spaces import SearchSpace, lossy_knobs
 from train_fns import metrics as m
 
 MEASURED = (
@@ -99,7 +99,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
     header = [
         "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
-        "measured_share", *TIMING_PARTS, "phase", "reason",
+        "measured_share", *TIMING_PARTS, "phase", "lossy", "reason",
     ]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text)
@@ -117,6 +117,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 _fmt(measured_share(r)),
                 *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
                 r.attrs.get("phase", "") if r.state != m.COMPLETE else "",
+                " ".join(lossy_knobs(r.params)),
                 r.reason,
             ]
         )
@@ -197,6 +198,9 @@ def write_outputs(
         elif base is not None:
             best = base
     chosen = best_config(config, space, best)
+    lossy = lossy_knobs(best.params)
+    if lossy:  # opted in (search.lossy), and within their declared tolerance: still say so
+        header += f"# lossy: {', '.join(lossy)} (changes the gradients, within its tolerance)\n"
     header = (
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
         f"{header}# measured: {MEASURED}\n"

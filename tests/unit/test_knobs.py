@@ -165,6 +165,8 @@ def test_outputs_carry_the_knobs_and_the_tuner_plugin(tmp_path: Path) -> None:
     write_outputs(recs, config, space, tmp_path)
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
     assert rows[1]["broadcast_buffers"] == "False" and rows[1]["comm_hook"] == "fp16"
+    assert rows[1]["lossy"] == "comm_hook=fp16" and rows[0]["lossy"] == ""
+    assert "# lossy: comm_hook=fp16" in (tmp_path / "best.yaml").read_text()
     again = load_config(str(tmp_path / "best.yaml"), preset=None)
     assert again.tuned["broadcast_buffers"] is False and again.tuned["comm_hook"] == "fp16"
     assert "NCCL_TUNER" not in (tmp_path / "best.env").read_text()
