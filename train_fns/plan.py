@@ -247,6 +247,11 @@ class TrialPlan:
                 f"fsdp.reshard_after_forward={reshard!r} on {self.world_size} workers; an "
                 "integer must divide the world size and lie strictly between 1 and it"
             )
+        if self.fsdp.hsdp and not isinstance(reshard, bool):
+            raise InfeasiblePlan(
+                f"fsdp.hsdp with reshard_after_forward={reshard}: HSDP shards within a node, "
+                "so a smaller reshard group is not searched; use true or false with HSDP"
+            )
 
     def lossy(self) -> list[str]:
         """The lossy knobs this plan runs (``ddp.comm_hook=bf16``): they change the maths, so

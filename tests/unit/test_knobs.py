@@ -103,6 +103,7 @@ def _plan(knobs: dict[str, Any]) -> Any:
         ({"comm_hook": "bf16"}, "NCCL >= 2.10"),
         ({"adamw_impl": "fused"}, "needs GPUs"),
         ({"forward_prefetch": 9}, "0 to 8"),
+        ({"hsdp": True, "reshard_after_forward": 2}, "true or false with HSDP"),
     ],
 )
 def test_infeasible_knobs_are_refused_by_the_plan(knobs: dict, text: str) -> None:
@@ -112,10 +113,11 @@ def test_infeasible_knobs_are_refused_by_the_plan(knobs: dict, text: str) -> Non
 
 def test_knobs_reach_the_plan() -> None:
     plan = _plan({"strategy": "fsdp", "reshard_after_forward": 2, "forward_prefetch": 1,
-                  "backward_prefetch": 2, "hsdp": True, "broadcast_buffers": False,
+                  "backward_prefetch": 2, "broadcast_buffers": False,
                   "comm_hook": "fp16", "adamw_impl": "foreach", "activation_checkpointing": True})
     assert plan.fsdp == FSDPOptions(reshard_after_forward=2, forward_prefetch=1,
-                                    backward_prefetch=2, hsdp=True)  # fmt: skip
+                                    backward_prefetch=2)  # fmt: skip
+    assert _plan({"strategy": "fsdp", "hsdp": True}).fsdp.hsdp
     assert plan.ddp == DDPOptions(broadcast_buffers=False, comm_hook="fp16")
     assert plan.adamw_impl == "foreach" and plan.activation_checkpointing
     assert plan.lossy() == []  # the DDP hook is inert under FSDP
