@@ -33,12 +33,13 @@ library's own default, so the baseline trial changes nothing. Domain types:
 Optional per param: ``when``, ``why_inactive`` (``{context_name}`` placeholders), ``doc``.
 
 Conditions (``when``): clauses ``name OP value`` (OP in ``== != < <= > >=``) joined by
-``and``/``or``; names are context values (:class:`SearchContext` fields,
-``per_worker_batch``, ``strategy``) or params sampled earlier; a bare word value is a
-string, ``null``/``true``/``false`` are literals. Constraints: comparisons of ``+ - *``
-expressions over the file's params; sampling restricts the range of the last-declared
-participant (which must be ``int`` or ``pow2``), so no sampled trial violates one.
-Both are parsed with ``ast`` and a whitelist, never ``eval``.
+``and``/``or``; names (or remainders: ``world_size % 4 == 0``) are context values
+(:class:`SearchContext` fields, ``per_worker_batch``, ``strategy``) or params sampled
+earlier; a bare word value is a string, ``null``/``true``/``false`` are literals.
+Constraints: comparisons of ``+ - *`` expressions over the file's params; sampling
+restricts the range of the last-declared participant (which must be ``int`` or ``pow2``),
+so no sampled trial violates one. Both are parsed with ``ast`` and a whitelist, never
+``eval``.
 
 Sampling order is ``strategy`` first, then declaration order across the loaded files.
 Categorical choices never change between trials (Optuna forbids it); only int/pow2
