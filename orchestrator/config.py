@@ -142,7 +142,7 @@ class SearchConfig:
     """staged (memory shape, then communication knobs, then TPE), tpe, random or grid."""
     seed: int = 0
     spaces: list[str] = field(
-        default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl"]
+        default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl", "optimizer"]
     )
     warmup_steps: int = 3
     measure_steps: int = 12
@@ -187,6 +187,9 @@ class SearchConfig:
     """Allow NCCL settings that NCCL says can silently corrupt data (forced LL128, relaxed PCI
     ordering, ...): in the spaces and in ``env``. A search that compares only throughput
     could otherwise write one into best.env."""
+    lossy: bool = False
+    """Offer knobs that change the maths (DDP gradient compression, FSDP's low reduce dtype):
+    each is judged against its own declared tolerance, and reported as lossy."""
 
     def __post_init__(self) -> None:
         _check_bounds(self, "search")
@@ -267,7 +270,7 @@ class Config:
     def __post_init__(self) -> None:
         check_name("name", self.name)
         check_choice("strategy", self.strategy, STRATEGY_MODES)
-        check_tuned(self.tuned)
+        check_tuned(self.tuned, self)
         from search_spaces import SpaceError, env_strings
 
         try:  # YAML true/false/null become what NCCL reads: 1/0/unset

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
 from search_spaces._yaml import load_yaml, read_capped
 
 
@@ -41,10 +42,14 @@ TUNED_KNOBS: dict[str, Any] = {
     "bucket_cap_mb": (0.001, 65_536.0),
     "gradient_as_bucket_view": bool,
     "static_graph": bool,
-    "reshard_after_forward": bool,
+    "broadcast_buffers": bool,
+    "reshard_after_forward": "reshard",
+    "hsdp": bool,
     "activation_checkpointing": bool,
+    **KNOB_CHOICES,
 }
-"""What ``tuned`` may hold (search_spaces.PLAN_KNOBS): a choice, a range or a bool."""
+"""What ``tuned`` may hold (search_spaces.PLAN_KNOBS): choices, a range, a bool, or
+``reshard`` (true, false or a number of ranks)."""
 
 
 def check_range(key: str, value: Any, low: float, high: float) -> None:
@@ -63,8 +68,9 @@ def check_choice(key: str, value: Any, choices: tuple) -> None:
         raise ConfigError(key, f"got {value!r}; use one of: {shown}")
 
 
-def check_tuned(tuned: dict[str, Any]) -> None:
-    """``tuned`` holds plan knobs (what best.yaml records): known names, values of their kind."""
+def check_tuned(tuned: dict[str, Any], config: Any = None) -> None:
+    """``tuned`` holds plan knobs (what best.yaml records): known names, values of their kind;
+    with the ``config``, values that fit its workers, precision and opt-ins."""
     for key, value in tuned.items():
         spec = TUNED_KNOBS.get(key)
         if spec is None:
@@ -73,13 +79,41 @@ def check_tuned(tuned: dict[str, Any]) -> None:
             raise ConfigError(
                 f"tuned.{key}", f"unknown knob; {hint}known: {', '.join(TUNED_KNOBS)}"
             )
-        if isinstance(spec, tuple) and isinstance(spec[0], str):
-            check_choice(f"tuned.{key}", value, spec)
-        elif spec is bool:
+        if spec is bool or (spec == "reshard" and isinstance(value, bool)):
             if not isinstance(value, bool):
                 raise ConfigError(f"tuned.{key}", f"got {value!r}; use true or false")
+        elif spec == "reshard":
+            check_range(f"tuned.{key}", value, 2, 1 << 20)
+        elif key in KNOB_CHOICES or isinstance(spec[0], str):
+            check_choice(f"tuned.{key}", value, spec)
         else:
             check_range(f"tuned.{key}", value, *spec)
+    if config is not None:
+        _check_tuned_fit(tuned, config)
+
+
+def _check_tuned_fit(tuned: dict[str, Any], config: Any) -> None:
+    """Tuned values this config cannot run: refused here, not as a failed worker group."""
+    workers, precision = config.cluster.num_workers, config.workload.precision
+    reshard = tuned.get("reshard_after_forward", True)
+    problems = {
+        "reshard_after_forward": isinstance(reshard, int) and not isinstance(reshard, bool)
+        and (reshard >= workers or workers % reshard) and (
+            f"{reshard} ranks must divide cluster.num_workers={workers} and be fewer; use "
+            "true, false or such a divisor"),
+        "reduce_dtype": tuned.get("reduce_dtype", "fp32") not in ("fp32", precision) and (
+            f"{tuned.get('reduce_dtype')} under workload.precision={precision}; use fp32"
+            + ("" if precision == "fp32" else f" or {precision}")),
+        "adamw_impl": tuned.get("adamw_impl") == "fused" and config.cluster.use_gpu is False
+        and "fused AdamW runs on CUDA only and cluster.use_gpu is false; use foreach or null",
+    }  # fmt: skip
+    for key, value in LOSSY_VALUES.items():
+        if tuned.get(key) in value and not config.search.lossy:
+            problems[key] = (f"{tuned[key]} is lossy (it changes the gradients); set "
+                             "search.lossy: true to allow it, or use fp32/null")  # fmt: skip
+    for key, why in problems.items():
+        if why:
+            raise ConfigError(f"tuned.{key}", why)
 
 
 def read_yaml(path: Path, key: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config, ConfigError
-from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan, split_global_batch
+from train_fns.plan import TrialPlan, options_from_knobs, split_global_batch
 
 ENTRYPOINT_KEY = "workload.entrypoint"
 
@@ -147,7 +147,7 @@ def plan_from_config(
     """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
     ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
     accumulation = int(knobs.get("accumulation_steps", 1))
-    ddp_defaults = DDPOptions()
+    ddp, fsdp = options_from_knobs(knobs)
     return TrialPlan(
         model=cfg.workload.entrypoint or cfg.workload.model,
         task=task,
@@ -158,17 +158,10 @@ def plan_from_config(
         micro_batch=split_global_batch(cfg.workload.global_batch, world, accumulation),
         strategy=knobs.get("strategy", cfg.strategy if cfg.strategy != "search" else "ddp"),
         precision=cfg.workload.precision,
-        ddp=DDPOptions(
-            bucket_cap_mb=float(knobs.get("bucket_cap_mb", ddp_defaults.bucket_cap_mb)),
-            gradient_as_bucket_view=bool(
-                knobs.get("gradient_as_bucket_view", ddp_defaults.gradient_as_bucket_view)
-            ),
-            static_graph=bool(knobs.get("static_graph", ddp_defaults.static_graph)),
-        ),
-        fsdp=FSDPOptions(
-            reshard_after_forward=bool(knobs.get("reshard_after_forward", True)),
-        ),
+        ddp=ddp,
+        fsdp=fsdp,
         activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
+        adamw_impl=knobs.get("adamw_impl"),
         model_overrides=dict(cfg.workload.model_overrides),
         data=cfg.workload.data,
         tokenizer=cfg.workload.tokenizer,

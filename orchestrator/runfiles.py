@@ -26,6 +26,8 @@ STUDY_DB = "study.db"
 STUDY_JOURNAL = "study.journal"
 """The study on a network file system, where SQLite's locking is unreliable (storage.py)."""
 PROBE_CSV = "probe.csv"
+TUNER_CONF = "nccl_tuner.conf"
+"""The probe's per-size NCCL algorithm/protocol rules (``orchestrator.probe --tuner-conf``)."""
 SEARCH_FILES = (
     "trials.csv", "best.yaml", STUDY_DB, STUDY_JOURNAL, "remeasure.csv", PROBE_CSV, RUN_INFO
 )  # fmt: skip

@@ -33,12 +33,13 @@ library's own default, so the baseline trial changes nothing. Domain types:
 Optional per param: ``when``, ``why_inactive`` (``{context_name}`` placeholders), ``doc``.
 
 Conditions (``when``): clauses ``name OP value`` (OP in ``== != < <= > >=``) joined by
-``and``/``or``; names are context values (:class:`SearchContext` fields,
-``per_worker_batch``, ``strategy``) or params sampled earlier; a bare word value is a
-string, ``null``/``true``/``false`` are literals. Constraints: comparisons of ``+ - *``
-expressions over the file's params; sampling restricts the range of the last-declared
-participant (which must be ``int`` or ``pow2``), so no sampled trial violates one.
-Both are parsed with ``ast`` and a whitelist, never ``eval``.
+``and``/``or``; names (or remainders: ``world_size % 4 == 0``) are context values
+(:class:`SearchContext` fields, ``per_worker_batch``, ``strategy``) or params sampled
+earlier; a bare word value is a string, ``null``/``true``/``false`` are literals.
+Constraints: comparisons of ``+ - *`` expressions over the file's params; sampling
+restricts the range of the last-declared participant (which must be ``int`` or ``pow2``),
+so no sampled trial violates one. Both are parsed with ``ast`` and a whitelist, never
+``eval``.
 
 Sampling order is ``strategy`` first, then declaration order across the loaded files.
 Categorical choices never change between trials (Optuna forbids it); only int/pow2
@@ -60,6 +61,7 @@ from ._env import (
     check_env_var,
     env_strings,
     is_env_name,
+    lossy_knobs,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
 from ._space import SearchSpace
@@ -79,5 +81,6 @@ __all__ = [
     "is_env_name",
     "load_space_file",
     "load_spaces",
+    "lossy_knobs",
     "shipped_space_names",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from ._env import (
     ENV_ALLOW_PREFIXES,
+    KNOB_CHOICES,
     PLAN_KNOBS,
     SpaceError,
     check_env_var,
@@ -294,7 +295,22 @@ def _check_knob(param: Param) -> None:
         values = param.values() if kind in ("categorical", "pow2") else values
         if any(not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 for v in values):
             raise SpaceError(param.key, "bucket_cap_mb values must be positive numbers (MB)")
-    if name in PLAN_KNOBS - {"strategy", "accumulation_steps", "bucket_cap_mb"} and kind != "bool":
+    if name in KNOB_CHOICES:
+        allowed = KNOB_CHOICES[name]
+        if kind != "categorical" or not all(
+            any(same_value(v, a) for a in allowed) for v in param.values()
+        ):
+            shown = ", ".join("null" if a is None else str(a) for a in allowed)
+            raise SpaceError(param.key, f"{name} must be categorical with choices from [{shown}]")
+    elif name == "reshard_after_forward":
+        values = param.values() if kind in ("categorical", "bool") else [None]
+        if any(not isinstance(v, bool) and not (isinstance(v, int) and v > 1) for v in values):
+            raise SpaceError(
+                param.key, "reshard_after_forward choices are true, false or ranks (an int > 1)"
+            )
+    elif name in PLAN_KNOBS - {"strategy", "accumulation_steps", "bucket_cap_mb"} and (
+        kind != "bool"
+    ):
         raise SpaceError(f"{param.key}.type", f"{name} is a flag; use type: bool")
 
 

@@ -59,11 +59,34 @@ PLAN_KNOBS = frozenset(
         "bucket_cap_mb",
         "gradient_as_bucket_view",
         "static_graph",
+        "broadcast_buffers",
+        "comm_hook",
         "reshard_after_forward",
+        "reduce_dtype",
+        "forward_prefetch",
+        "backward_prefetch",
+        "hsdp",
         "activation_checkpointing",
+        "adamw_impl",
     }
 )
 """Params that become ``TrialPlan`` fields rather than environment variables."""
+KNOB_CHOICES: dict[str, tuple[Any, ...]] = {
+    "comm_hook": (None, "bf16", "fp16"),
+    "reduce_dtype": ("fp32", "bf16", "fp16"),
+    "adamw_impl": (None, "foreach", "fused"),
+    "forward_prefetch": tuple(range(9)),
+    "backward_prefetch": tuple(range(9)),
+}
+"""Plan knobs with a fixed set of values (train_fns.plan checks the same): a space may offer
+some of them, ``tuned`` may hold one."""
+LOSSY_VALUES = {"comm_hook": ("bf16", "fp16"), "reduce_dtype": ("bf16", "fp16")}
+"""Knob values that change the maths: offered and accepted only with search.lossy."""
+
+
+def lossy_knobs(params: Mapping[str, Any]) -> list[str]:
+    """The lossy knob values among a trial's params (``comm_hook=fp16``), for its reports."""
+    return [f"{k}={params[k]}" for k, values in LOSSY_VALUES.items() if params.get(k) in values]
 
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 MAX_SOCKET_PRODUCT = 64
@@ -263,6 +286,7 @@ def knob_defaults() -> dict[str, Any]:
     return {
         "accumulation_steps": 1,
         "activation_checkpointing": fields["activation_checkpointing"].default,
+        "adamw_impl": fields["adamw_impl"].default,
         **dataclasses.asdict(DDPOptions()),
         **dataclasses.asdict(FSDPOptions()),
     }

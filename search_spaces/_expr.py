@@ -6,7 +6,8 @@ input, and ``when: __import__('os').system(...)`` must be a SpaceError, not a sh
 
 Conditions: ``name OP literal`` clauses (OP one of ``== != < <= > >=``) joined by
 ``and``/``or`` with optional parentheses. The left side names a context value or an
-earlier param; the right side is a literal. A bare word on the right is a string
+earlier param, optionally as a remainder (``world_size % 4 == 0``: a divisibility test);
+the right side is a literal. A bare word on the right is a string
 (``backend == nccl``), except ``null``/``true``/``false`` (and Python's spellings).
 
 Constraints: one comparison, possibly chained (``1 <= A * B <= 64``), between arithmetic
@@ -48,10 +49,24 @@ class Clause:
     name: str
     op: type
     literal: Any
+    modulo: int | None = None
+    """``name % modulo`` is compared, not ``name`` (a divisibility test)."""
 
     @property
     def is_ordering(self) -> bool:
         return self.op in ORDERING_OPS
+
+
+def _left(node: ast.expr) -> tuple[str, int | None] | None:
+    """The clause's left side: ``name`` or ``name % positive_int`` (None: neither)."""
+    if isinstance(node, ast.Name):
+        return node.id, None
+    is_mod = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+    if is_mod and isinstance(node.left, ast.Name) and isinstance(node.right, ast.Constant):
+        k = node.right.value
+        if isinstance(k, int) and not isinstance(k, bool) and k > 0:
+            return node.left.id, k
+    return None
 
 
 def _parse(text: Any, key: str, what: str) -> ast.expr:
@@ -79,9 +94,13 @@ def _literal(node: ast.expr, key: str, text: str) -> Any:
 def _clause(node: ast.Compare, key: str, text: str) -> Clause:
     if len(node.ops) != 1 or type(node.ops[0]) not in _COMPARE:
         raise SpaceError(key, f"in {text!r}: write one comparison per clause (name == value)")
-    if not isinstance(node.left, ast.Name):
-        raise SpaceError(key, f"in {text!r}: the left side of a clause must be a name")
-    return Clause(node.left.id, type(node.ops[0]), _literal(node.comparators[0], key, text))
+    left = _left(node.left)
+    if left is None:
+        raise SpaceError(
+            key, f"in {text!r}: the left side of a clause must be a name (or name % number)"
+        )
+    literal = _literal(node.comparators[0], key, text)
+    return Clause(left[0], type(node.ops[0]), literal, left[1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,12 +155,18 @@ def _evaluate(node: ast.expr, values: Mapping[str, Any]) -> bool | None:
         if decisive in results:
             return decisive
         return other if all(r is other for r in results) else None
-    assert isinstance(node, ast.Compare) and isinstance(node.left, ast.Name)
-    name = node.left.id
+    assert isinstance(node, ast.Compare)
+    left = _left(node.left)
+    assert left is not None
+    name, modulo = left
     if name not in values:
         return None
     value, op = values[name], type(node.ops[0])
     literal = _literal(node.comparators[0], "", "")
+    if modulo is not None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return False  # only a whole number is divisible
+        value = value % modulo
     if op in ORDERING_OPS and (value is None or literal is None):
         return False  # an unset variable is neither above nor below a number
     return bool(_COMPARE[op](value, literal))

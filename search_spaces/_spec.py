@@ -28,6 +28,8 @@ CONTEXT_DOMAINS: dict[str, Any] = {
     "workers_per_node": int,
     "nvswitch": bool,
     "unsafe_nccl": bool,
+    "precision": ("fp32", "bf16", "fp16"),
+    "lossy": bool,
 }
 """Names a condition may test besides params: a str tuple lists the allowed values."""
 _MAX_FEASIBILITY_POINTS = 100_000
@@ -75,9 +77,14 @@ class SearchContext:
     the driver may run on a CPU head that cannot see the workers' topology."""
     unsafe_nccl: bool = False
     """Offer NCCL settings that NCCL says can corrupt data (search.unsafe_nccl)."""
+    precision: str = "fp32"
+    """The workload's precision (workload.precision): FSDP's reduce dtype acts only below fp32."""
+    lossy: bool = False
+    """Offer knobs that change the maths (gradient compression, a low reduce dtype), each
+    judged by the guard against its own declared tolerance (search.lossy)."""
 
     def __post_init__(self) -> None:
-        for field in ("backend", "strategy_mode"):
+        for field in ("backend", "strategy_mode", "precision"):
             allowed = CONTEXT_DOMAINS[field]
             if getattr(self, field) not in allowed:
                 raise SpaceError(f"context.{field}", f"{getattr(self, field)!r}; use {allowed}")
@@ -112,6 +119,13 @@ class SearchContext:
 
 def check_clause(clause: Clause, key: str, param: Param | None = None) -> None:
     """Check a condition clause against the context value or the param it tests."""
+    if clause.modulo is not None:
+        whole = CONTEXT_DOMAINS.get(clause.name) is int if param is None else param.kind in (
+            "int", "pow2", "divisor")  # fmt: skip
+        if not whole or not isinstance(clause.literal, int) or isinstance(clause.literal, bool):
+            raise SpaceError(key, f"{clause.name} % {clause.modulo} needs a whole-number name "
+                             "and a whole-number right side")  # fmt: skip
+        return
     if param is None:
         domain = CONTEXT_DOMAINS[clause.name]
         values = list(domain) if isinstance(domain, tuple) else None

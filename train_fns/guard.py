@@ -16,6 +16,7 @@ of the first step, as a corrupting transport would: the step is not slower, only
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,15 @@ CORRUPT_SCALE = 0.5
 def _local(grad: Tensor) -> Tensor:
     """A gradient's local part: FSDP2 gradients are sharded DTensors."""
     return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def _replicas(grad: Tensor) -> int:
+    """How many ranks hold each element of ``grad``'s local part: HSDP shards over a node and
+    replicates across nodes, so a sum of squares over every rank counts each shard that many
+    times (the norm came out sqrt(nodes) too large and every HSDP trial looked corrupt)."""
+    placements = getattr(grad, "placements", ())
+    mesh = getattr(grad, "device_mesh", None)
+    return math.prod(mesh.size(i) for i, p in enumerate(placements) if p.is_replicate())
 
 
 def _sharded(model: nn.Module) -> bool:
@@ -63,7 +73,7 @@ class Guard:
         total = torch.zeros((), dtype=torch.float64, device=runner.device)
         for p in model.parameters():
             if p.grad is not None:
-                total += _local(p.grad).detach().double().pow(2).sum()
+                total += _local(p.grad).detach().double().pow(2).sum() / _replicas(p.grad)
         self.squares.append(total)
 
     def record_loss(self, loss: Tensor) -> None:
@@ -71,9 +81,9 @@ class Guard:
 
     def figures(self) -> dict[str, list[float]]:
         """Global figures; every rank calls this at the same step (collectives). Losses are
-        the mean over ranks; a sharded gradient's squares add up over ranks, a replicated one
-        should be equal on every rank, so the largest rank's norm is taken (a rank whose
-        gradients were corrupted after the all-reduce shows there)."""
+        the mean over ranks; a sharded gradient's squares add up over ranks (each shard once),
+        a replicated one should be equal on every rank, so the largest rank's norm is taken
+        (a rank whose gradients were corrupted after the all-reduce shows there)."""
         if not self.losses:
             return {"losses": [], "grad_norms": []}
         losses, squares = torch.stack(self.losses), torch.stack(self.squares)

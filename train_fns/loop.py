@@ -204,9 +204,12 @@ def make_workload(plan: Any, rank: int, device: torch.device) -> Workload:
     return as_workload(load_entrypoint(plan.entrypoint, plan.workload_source)(ctx))
 
 
-def default_optimizer(lr: float) -> Callable[[Any], torch.optim.Optimizer]:
-    """AdamW at ``lr``: the optimizer when the workload names none."""
-    return lambda params: torch.optim.AdamW(params, lr=lr)
+def default_optimizer(lr: float, impl: str | None = None) -> Callable[[Any], torch.optim.Optimizer]:
+    """AdamW at ``lr``: the optimizer when the workload names none. ``impl`` (the plan's
+    ``adamw_impl``) picks ``foreach`` (one kernel per op over all tensors) or ``fused`` (one
+    kernel per step, CUDA): the same update up to rounding; None leaves torch's choice."""
+    flags = {impl: True} if impl is not None else {}
+    return lambda params: torch.optim.AdamW(params, lr=lr, **flags)
 
 
 def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[StepRunner, dict]:
@@ -225,7 +228,9 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
         rank=rank,
         device=device,
         model=model,
-        optimizer=(workload.optimizer or default_optimizer(plan.lr))(model.parameters()),
+        optimizer=(workload.optimizer or default_optimizer(plan.lr, plan.adamw_impl))(
+            model.parameters()
+        ),
         precision=Precision(plan, device),
         workload=workload,
         timer=StepTimer(device),

@@ -16,6 +16,11 @@ STRATEGIES = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16", "fp16")
 TASKS = ("mlm", "clm")
 FAULT_KINDS = ("crash", "hang", "oom", "corrupt")
+COMM_HOOKS = ("bf16", "fp16")
+"""DDP gradient compression hooks (torch's ``default_hooks``): lossy, searched on opt-in only."""
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+ADAMW_IMPLS = ("foreach", "fused")
+"""AdamW's implementation (None: torch's choice); ``fused`` runs on CUDA only."""
 
 
 class InfeasiblePlan(ValueError):
@@ -82,13 +87,41 @@ class DDPOptions:
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    broadcast_buffers: bool = True
+    """Broadcast rank 0's buffers before every forward (BERT's position ids): exact when no
+    buffer changes in training, which is what the guard checks."""
+    comm_hook: str | None = None
+    """``bf16``/``fp16``: compress gradients for the all-reduce (lossy); None: full precision."""
 
 
 @dataclass(frozen=True)
 class FSDPOptions:
     """Knobs of FSDP2 ``fully_shard``; defaults are torch's."""
 
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | int = True
+    """An int reshards to that many ranks after forward (a non-trivial divisor of the shard
+    group): backward all-gathers within the smaller group."""
+    reduce_dtype: str = "fp32"
+    """The gradient reduce-scatter's dtype under bf16/fp16 parameters; the low one is lossy."""
+    forward_prefetch: int = 0
+    """All-gather this many next blocks ahead in forward (0: FSDP2's implicit schedule)."""
+    backward_prefetch: int = 0
+    """All-gather this many previous blocks ahead in backward (0: FSDP2's implicit one)."""
+    hsdp: bool = False
+    """Replicate across nodes, shard within one (a 2-D mesh from the ranks' local world)."""
+
+
+def options_from_knobs(knobs: dict[str, Any]) -> tuple[DDPOptions, FSDPOptions]:
+    """The DDP and FSDP options named in ``knobs`` (best.yaml's ``tuned``, a trial's sampled
+    params); the others keep torch's defaults. A bucket size is MB as a float, whatever YAML
+    made of it."""
+    out = []
+    for cls in (DDPOptions, FSDPOptions):
+        values = {f.name: knobs[f.name] for f in dataclasses.fields(cls) if f.name in knobs}
+        if "bucket_cap_mb" in values:
+            values["bucket_cap_mb"] = float(values["bucket_cap_mb"])
+        out.append(cls(**values))
+    return out[0], out[1]
 
 
 @dataclass(frozen=True)
@@ -109,6 +142,8 @@ class TrialPlan:
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     activation_checkpointing: bool = False
+    adamw_impl: str | None = None
+    """``foreach`` or ``fused`` AdamW (the default optimizer only); None: torch's choice."""
     model_overrides: dict[str, Any] = field(default_factory=dict)
     """Keys passed to the HF config (e.g. ``num_hidden_layers``) after the preset's."""
     data: str = "synthetic"
@@ -177,10 +212,56 @@ class TrialPlan:
                 "(no_sync under static_graph, pytorch#143580); use static_graph=False "
                 "or accumulation_steps=1"
             )
+        self._check_knobs()
         if self.measure_steps < self.num_windows or self.num_windows < 1:
             raise InfeasiblePlan(
                 f"measure_steps={self.measure_steps} must be >= num_windows={self.num_windows} >= 1"
             )
+
+    def _check_knobs(self) -> None:
+        """The DDP/FSDP/optimizer knobs: values torch accepts, in combinations that run."""
+        checks = (
+            (self.ddp.comm_hook in (None, *COMM_HOOKS), f"ddp.comm_hook={self.ddp.comm_hook!r}; "
+             f"use null or one of {COMM_HOOKS}"),
+            (self.fsdp.reduce_dtype in ("fp32", self.precision), f"fsdp.reduce_dtype="
+             f"{self.fsdp.reduce_dtype!r} under precision={self.precision}; use fp32"
+             + ("" if self.precision == "fp32" else f" or {self.precision}")),
+            (self.adamw_impl in (None, *ADAMW_IMPLS), f"adamw_impl={self.adamw_impl!r}; use "
+             f"null or one of {ADAMW_IMPLS}"),
+            (self.ddp.comm_hook != "bf16" or self.use_gpu, "ddp.comm_hook=bf16 needs GPUs "
+             "(torch registers it on CUDA with NCCL >= 2.10 only); use fp16 on gloo"),
+            (self.adamw_impl != "fused" or self.use_gpu, "adamw_impl=fused needs GPUs "
+             "(torch's fused AdamW is searched on CUDA only); use foreach or null on CPU"),
+            (all(0 <= d <= 8 for d in (self.fsdp.forward_prefetch, self.fsdp.backward_prefetch)),
+             "fsdp.forward_prefetch and fsdp.backward_prefetch must be 0 to 8 blocks"),
+        )  # fmt: skip
+        for ok, why in checks:
+            if not ok:
+                raise InfeasiblePlan(why)
+        reshard = self.fsdp.reshard_after_forward
+        if not isinstance(reshard, bool) and not (
+            isinstance(reshard, int) and 1 < reshard < self.world_size
+            and self.world_size % reshard == 0
+        ):  # fmt: skip
+            raise InfeasiblePlan(
+                f"fsdp.reshard_after_forward={reshard!r} on {self.world_size} workers; an "
+                "integer must divide the world size and lie strictly between 1 and it"
+            )
+        if self.fsdp.hsdp and not isinstance(reshard, bool):
+            raise InfeasiblePlan(
+                f"fsdp.hsdp with reshard_after_forward={reshard}: HSDP shards within a node, "
+                "so a smaller reshard group is not searched; use true or false with HSDP"
+            )
+
+    def lossy(self) -> list[str]:
+        """The lossy knobs this plan runs (``ddp.comm_hook=bf16``): they change the maths, so
+        the guard judges them against their own declared tolerance."""
+        found = []
+        if self.strategy == "ddp" and self.ddp.comm_hook is not None:
+            found.append(f"ddp.comm_hook={self.ddp.comm_hook}")
+        if self.strategy == "fsdp" and self.fsdp.reduce_dtype != "fp32":
+            found.append(f"fsdp.reduce_dtype={self.fsdp.reduce_dtype}")
+        return found
 
     @property
     def total_steps(self) -> int:

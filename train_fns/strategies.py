@@ -1,11 +1,14 @@
 """Data-parallel strategies: DDP or FSDP2 ``fully_shard``, with optional activation checkpointing.
 
-Everything here is an *exact* knob: buckets, sharding and checkpointing change where and when
-bytes move, never the gradients (the dist tests check this against a single process).
+Everything here is an *exact* knob (buckets, sharding, prefetch, HSDP and checkpointing change
+where and when bytes move, never the gradients; the dist tests check this against a single
+process) except the opt-in lossy ones: DDP's compression hooks and FSDP's low reduce dtype.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,7 +18,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
 )
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -56,14 +60,80 @@ def replace_modules(model: nn.Module, new: dict[int, nn.Module]) -> None:
         raise ValueError("a block is not a submodule of the model (blocks must be inside it)")
 
 
+COMM_HOOKS = {
+    "bf16": default_hooks.bf16_compress_hook,
+    "fp16": default_hooks.fp16_compress_hook,
+}
+"""``DDPOptions.comm_hook``: each casts a bucket to 16 bits, all-reduces it and casts the mean
+back (half the bytes; gradients rounded: lossy). torch 2.13 registers the bf16 hook only on
+CUDA with NCCL >= 2.10 (or XPU), so it is an NCCL knob; fp16 runs on gloo too."""
+SYNC_BUFFERS_ARG = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else "broadcast_buffers"
+)
+"""``DDPOptions.broadcast_buffers`` as torch spells it: torch 2.13 deprecates
+``broadcast_buffers`` for ``forward_sync_buffers``, which still syncs buffers once at
+construction (every rank starts equal, as the guard needs) and skips the per-forward sync."""
+
+
 def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
-    return DistributedDataParallel(
+    ddp = DistributedDataParallel(
         model,
         device_ids=[device] if device.type == "cuda" else None,
         bucket_cap_mb=plan.ddp.bucket_cap_mb,
         gradient_as_bucket_view=plan.ddp.gradient_as_bucket_view,
         static_graph=plan.ddp.static_graph,
+        **{SYNC_BUFFERS_ARG: plan.ddp.broadcast_buffers},
     )
+    if plan.ddp.comm_hook is not None:
+        ddp.register_comm_hook(None, COMM_HOOKS[plan.ddp.comm_hook])  # None: the default group
+    return ddp
+
+
+def fsdp_mesh(plan: TrialPlan, device: torch.device) -> DeviceMesh:
+    """The ranks FSDP2 shards over: all of them, or under HSDP (``fsdp.hsdp``) a 2-D mesh that
+    replicates across nodes and shards within one. A node's ranks are its local world
+    (``LOCAL_WORLD_SIZE``/``LOCAL_RANK``, set by Ray Train and torchrun); HSDP needs every node
+    to hold the same number of consecutive ranks, which is checked across ranks here."""
+    if not plan.fsdp.hsdp:
+        return init_device_mesh(device.type, (plan.world_size,))
+    world, rank = plan.world_size, torch.distributed.get_rank()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % local))
+    layouts: list[tuple[int, int, int]] = [(0, 0, 0)] * world
+    torch.distributed.all_gather_object(layouts, (rank, local, local_rank))
+    uniform = all(n == local and r % local == lr for r, n, lr in layouts)
+    if not uniform or world % local or local in (1, world):
+        raise RuntimeError(
+            f"fsdp.hsdp needs several nodes with the same number (> 1) of consecutive ranks "
+            f"each; the ranks' (rank, local world, local rank) are {layouts}"
+        )
+    return init_device_mesh(
+        device.type, (world // local, local), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def _mp_policy(plan: TrialPlan) -> MixedPrecisionPolicy:
+    """Compute in the plan's precision; reduce in fp32 unless ``fsdp.reduce_dtype`` opts into
+    the low one (lossy: the sum of bf16 gradients is rounded at every step of the reduction)."""
+    if plan.precision not in LOW_PRECISION_DTYPES:
+        return MixedPrecisionPolicy()
+    reduce = LOW_PRECISION_DTYPES.get(plan.fsdp.reduce_dtype, torch.float32)
+    return MixedPrecisionPolicy(param_dtype=LOW_PRECISION_DTYPES[plan.precision],
+                                reduce_dtype=reduce)  # fmt: skip
+
+
+def set_prefetch(blocks: list[nn.Module], forward: int, backward: int) -> None:
+    """Explicit FSDP2 prefetch: block k all-gathers the next ``forward`` blocks before its
+    forward and the previous ``backward`` blocks before its backward (0 keeps FSDP2's implicit
+    schedule, which gathers one block ahead in backward and relies on the CPU running ahead in
+    forward)."""
+    for k, block in enumerate(blocks):
+        if forward:
+            block.set_modules_to_forward_prefetch(blocks[k + 1 : k + 1 + forward])
+        if backward:
+            block.set_modules_to_backward_prefetch(blocks[max(0, k - backward) : k][::-1])
 
 
 def _wrap_fsdp(
@@ -72,24 +142,18 @@ def _wrap_fsdp(
     """Shard each block, then the root (embeddings, tied LM head, final norm).
 
     One FSDP group per block lets the all-gather of block k+1 overlap block k's compute.
-    Reductions stay in fp32 under mixed precision, so bf16/fp16 only changes the compute
-    (a lossy choice the driver already opted into), never the gradient sum.
+    Reductions stay in fp32 under mixed precision unless the plan opts into a lossy
+    ``reduce_dtype``, so bf16/fp16 otherwise only changes the compute, never the gradient sum.
     """
-    mesh = init_device_mesh(device.type, (plan.world_size,))
-    if plan.precision in LOW_PRECISION_DTYPES:
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=LOW_PRECISION_DTYPES[plan.precision], reduce_dtype=torch.float32
-        )
-    else:
-        mp_policy = MixedPrecisionPolicy()
     options = {
-        "mesh": mesh,
+        "mesh": fsdp_mesh(plan, device),
         "reshard_after_forward": plan.fsdp.reshard_after_forward,
-        "mp_policy": mp_policy,
+        "mp_policy": _mp_policy(plan),
     }
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
+    set_prefetch(blocks, plan.fsdp.forward_prefetch, plan.fsdp.backward_prefetch)
     return model
 
 

@@ -22,7 +22,7 @@ import torch
 import yaml
 from torch import nn
 
-from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan, resplit
+from train_fns.plan import TrialPlan, options_from_knobs, resplit
 
 Best = Mapping[str, Any]
 
@@ -66,6 +66,7 @@ def plan_for(best: Best, world_size: int) -> TrialPlan:
     knobs = best.get("tuned", {})
     micro, accumulation = split(best, world_size)
     workload = best["workload"]
+    ddp, fsdp = options_from_knobs(knobs)
     return TrialPlan(
         model=str(workload.get("entrypoint") or workload.get("model")),
         task=None,
@@ -76,12 +77,8 @@ def plan_for(best: Best, world_size: int) -> TrialPlan:
         micro_batch=micro,
         strategy=str(knobs.get("strategy", best.get("strategy", "ddp"))).replace("search", "ddp"),
         precision=str(workload.get("precision", "fp32")),
-        ddp=DDPOptions(
-            bucket_cap_mb=float(knobs.get("bucket_cap_mb", DDPOptions.bucket_cap_mb)),
-            gradient_as_bucket_view=bool(knobs.get("gradient_as_bucket_view", False)),
-            static_graph=bool(knobs.get("static_graph", False)),
-        ),
-        fsdp=FSDPOptions(reshard_after_forward=bool(knobs.get("reshard_after_forward", True))),
+        ddp=ddp,
+        fsdp=fsdp,
         activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
         use_gpu=torch.cuda.is_available(),
     )

@@ -28,6 +28,7 @@ from orchestrator.probe.sweep import (
     write_csv,
 )
 from orchestrator.probe.tuner_conf import choose, measure, write
+from orchestrator.runfiles import TUNER_CONF
 from orchestrator.session import check_ray_address, resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
@@ -156,7 +157,7 @@ def tuner_conf(config: Config, settings: ProbeSettings, out: Path) -> int:
     finally:
         ray.shutdown()
     rules = choose(sweeps)
-    path = write(rules, out / "nccl_tuner.conf", -1, config.cluster.num_workers)
+    path = write(rules, out / TUNER_CONF, -1, config.cluster.num_workers)
     for rule in rules:
         print(f"  {rule.op} {rule.min_bytes}..{rule.max_bytes}: {rule.algorithm}/{rule.protocol}")
     print(f"wrote {path}: load it with NCCL's example tuner plugin (NVIDIA/nccl ext-tuner/"

@@ -94,6 +94,9 @@ def section_best_vs_baseline(record: RunRecord) -> str:
         else f"best / baseline = {ratio:.2f}x (spread +/-{spread:.2f}, from each trial's window "
         "cv; not re-measured side by side, so drift between trials is not accounted for)."
     )
+    if best.get("lossy"):
+        text += f" The best runs lossy knobs ({best['lossy']}): its gradients differ from the "
+        text += "baseline's within their declared tolerance."
     return f"<p>{esc(text)}</p>" + bar_chart([(lbl, v, v * cv) for lbl, v, cv in values])
 
 

@@ -92,6 +92,8 @@ def provisional_context(config: Config) -> SearchContext:
         num_nodes=1,
         global_batch=config.workload.global_batch,
         unsafe_nccl=config.search.unsafe_nccl,
+        precision=config.workload.precision,
+        lossy=config.search.lossy,
     )
 
 

@@ -50,7 +50,8 @@ def candidates(config: Config, nodes: int, count: int) -> list[dict[str, Any]]:
 
     context = SearchContext("nccl", config.strategy, True, config.cluster.num_workers, nodes,
                             config.workload.global_batch, config.cluster.nvswitch,
-                            config.search.unsafe_nccl)  # fmt: skip
+                            config.search.unsafe_nccl, config.workload.precision,
+                            config.search.lossy)  # fmt: skip
     space = SearchSpace(load_spaces(config.search.spaces), context)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=config.search.seed))

@@ -50,6 +50,8 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
         global_batch=config.workload.global_batch,
         nvswitch=config.cluster.nvswitch,
         unsafe_nccl=config.search.unsafe_nccl,
+        precision=config.workload.precision,
+        lossy=config.search.lossy,
     )
 
 

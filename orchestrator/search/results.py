@@ -19,11 +19,11 @@ from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
 from orchestrator.placement import mixed_placements
-from orchestrator.runfiles import write_atomic
+from orchestrator.runfiles import TUNER_CONF, write_atomic
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
-from search_spaces import SearchSpace
+from search_spaces import SearchSpace, lossy_knobs
 from train_fns import metrics as m
 
 MEASURED = (
@@ -100,7 +100,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
     header = [
         "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
-        "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "reason",
+        "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "lossy", "reason",
     ]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text)
@@ -119,6 +119,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
                 r.attrs.get(m.PLACEMENT, ""),
                 r.attrs.get("phase", "") if r.state != m.COMPLETE else "",
+                " ".join(lossy_knobs(r.params)),
                 r.reason,
             ]
         )
@@ -203,6 +204,9 @@ def write_outputs(
         elif base is not None:
             best = base
     chosen = best_config(config, space, best)
+    lossy = lossy_knobs(best.params)
+    if lossy:  # opted in (search.lossy), and within their declared tolerance: still say so
+        header += f"# lossy: {', '.join(lossy)} (changes the gradients, within its tolerance)\n"
     header = (
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
         f"{header}# measured: {MEASURED}\n"
@@ -212,9 +216,26 @@ def write_outputs(
     write_atomic(
         out / "best.env",
         "# environment of the best trial (source it before torchrun or another launcher)\n"
-        + "".join(line + "\n" for line in env_lines),
+        + "".join(line + "\n" for line in env_lines + tuner_lines(out)),
     )
     return lines
+
+
+def tuner_lines(out: Path) -> list[str]:
+    """best.env's NCCL tuner-plugin setting when the probe wrote nccl_tuner.conf in ``out``:
+    NCCL_ALGO/NCCL_PROTO fix one choice for every size, the plugin picks per size. The plugin
+    is a shared library commtune does not build, so a user's own NCCL_TUNER_PLUGIN (a path)
+    wins, and ``example`` makes NCCL load libnccl-tuner-example.so from LD_LIBRARY_PATH."""
+    conf = out / TUNER_CONF
+    if not conf.is_file():
+        return []
+    return [
+        f"# NCCL's tuner plugin: the probe's fastest algorithm/protocol per size ({TUNER_CONF});",
+        "# build NVIDIA/nccl ext-tuner/example and put libnccl-tuner-example.so on LD_LIBRARY_PATH",
+        "# (or set NCCL_TUNER_PLUGIN to its path first); its rules match this run's rank count",
+        'export NCCL_TUNER_PLUGIN="${NCCL_TUNER_PLUGIN:-example}"',
+        f"export NCCL_TUNER_CONFIG_FILE={shlex.quote(str(conf.resolve()))}",
+    ]
 
 
 def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str:

@@ -178,7 +178,7 @@ def _measure(
             outcome["nodes"] = run.nodes
         if outcome.get(m.STATE) == m.COMPLETE:
             outcome.update(comm_bound(plan, outcome.get(m.NUM_PARAMS, 0), ctx.link))
-            why = guard_check(members[index].reference, outcome.get(m.GUARD), plan.precision)
+            why = guard_check(members[index].reference, outcome.get(m.GUARD), plan)
             if why:
                 outcome.update({m.STATE: m.CORRUPT, m.REASON: why})
         report(members[index], outcome)

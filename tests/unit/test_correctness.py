@@ -3,10 +3,20 @@ the measured tolerance (or not a number) ends the configuration as corrupt, with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from orchestrator.search.correctness import TOLERANCE, check, guard_check, relative_gap
+from orchestrator.search.correctness import (
+    LOSSY_TOLERANCES,
+    TOLERANCE,
+    check,
+    guard_check,
+    relative_gap,
+    tolerance_for,
+)
+from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
+PLAN = TrialPlan("bert-tiny", "mlm", 16, 8, 2, 1, 4, use_gpu=True)
 BASE = {"losses": [6.30, 6.21, 6.05, 5.90], "grad_norms": [2.10, 1.95, 1.80, 1.70]}
 
 
@@ -31,7 +41,7 @@ def test_beyond_the_tolerance_is_corrupt_with_the_evidence() -> None:
 
 def test_not_a_number_is_corrupt_and_missing_figures_are_not_judged() -> None:
     assert check(BASE, _scaled("losses", 1, math.nan)) is not None
-    assert guard_check(None, BASE) is None and guard_check(BASE, {}) is None
+    assert guard_check(None, BASE, PLAN) is None and guard_check(BASE, {}, PLAN) is None
     assert check(BASE, {"losses": BASE["losses"][:2], "grad_norms": []}) is None  # fewer steps
     assert relative_gap(0.0, 0.0) == 0.0
 
@@ -43,9 +53,7 @@ def test_a_group_reports_a_corrupt_configuration_as_corrupt() -> None:
 
     from orchestrator.search.trial import Member, _measure
     from train_fns import metrics as m
-    from train_fns.plan import TrialPlan
-
-    plan = TrialPlan("bert-tiny", "mlm", 16, 8, 2, 1, 4)
+    plan = PLAN
     wrong = {"losses": BASE["losses"], "grad_norms": [2.35, *BASE["grad_norms"][1:]]}
 
     class Run:
@@ -65,6 +73,26 @@ def test_a_group_reports_a_corrupt_configuration_as_corrupt() -> None:
 
 def test_reduced_precision_gets_its_own_tolerance() -> None:
     got = _scaled("grad_norms", 0, 1 + 5e-3)  # bf16 rounding can reach 5e-4; fp32 cannot
-    assert guard_check(BASE, got, "fp32") is not None
-    assert guard_check(BASE, got, "bf16") is None
-    assert guard_check(BASE, _scaled("grad_norms", 0, 1.05), "bf16") is not None
+    bf16 = dataclasses.replace(PLAN, precision="bf16")
+    assert guard_check(BASE, got, PLAN) is not None
+    assert guard_check(BASE, got, bf16) is None
+    assert guard_check(BASE, _scaled("grad_norms", 0, 1.05), bf16) is not None
+
+
+def test_a_lossy_knob_is_judged_against_its_declared_tolerance() -> None:
+    hook = dataclasses.replace(PLAN, ddp=DDPOptions(comm_hook="fp16"))
+    assert hook.lossy() == ["ddp.comm_hook=fp16"]
+    assert tolerance_for(hook) == LOSSY_TOLERANCES["ddp.comm_hook=fp16"] > TOLERANCE
+    got = _scaled("grad_norms", 0, 1 + LOSSY_TOLERANCES["ddp.comm_hook=fp16"] / 2)
+    assert guard_check(BASE, got, PLAN) is not None  # exact: far beyond summation order
+    assert guard_check(BASE, got, hook) is None
+    why = guard_check(BASE, _scaled("grad_norms", 0, 1.12), hook)  # the injected fault
+    assert why is not None and "lossy: ddp.comm_hook=fp16" in why
+    # a knob of the other strategy is inert, so not lossy
+    assert dataclasses.replace(PLAN, fsdp=FSDPOptions(reduce_dtype="fp32")).lossy() == []
+    fsdp = dataclasses.replace(PLAN, strategy="fsdp", precision="bf16",
+                               fsdp=FSDPOptions(reduce_dtype="bf16"))  # fmt: skip
+    assert tolerance_for(fsdp) == LOSSY_TOLERANCES["fsdp.reduce_dtype=bf16"]
+    assert set(LOSSY_TOLERANCES) == {f"{k}={v}" for k, v in (
+        ("ddp.comm_hook", "bf16"), ("ddp.comm_hook", "fp16"), ("fsdp.reduce_dtype", "bf16"),
+        ("fsdp.reduce_dtype", "fp16"))}  # fmt: skip  every lossy value declares one

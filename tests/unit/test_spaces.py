@@ -31,8 +31,12 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 SHIPPED = sorted((Path(__file__).parents[2] / "search_spaces").glob("*.yaml"))
 ALL = ["strategy", "nccl", "accumulation", "ddp", "fsdp"]
-DDP_KNOBS = {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph"}
-FSDP_KNOBS = {"reshard_after_forward", "activation_checkpointing"}
+DDP_KNOBS = {
+    "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "broadcast_buffers", "comm_hook"
+}  # fmt: skip
+FSDP_KNOBS = {
+    "reshard_after_forward", "forward_prefetch", "backward_prefetch", "hsdp", "reduce_dtype"
+}  # fmt: skip
 CONTEXTS = {
     "gpu-2nodes-search": SearchContext("nccl", "search", True, 16, 2, 512),
     "gpu-1node-fsdp": SearchContext("nccl", "fsdp", True, 4, 1, 64),
@@ -121,13 +125,16 @@ def test_all_spaces_sampled_300_times(ctx_id: str, sampler: str) -> None:
         _check_invariants(space, ctx, params)
         if params["strategy"] == "ddp":
             # static_graph is only tried without accumulation (pytorch#143580)
-            expected = (
-                DDP_KNOBS if params["accumulation_steps"] == 1 else DDP_KNOBS - {"static_graph"}
-            )
-            assert params.keys() >= expected
+            expected = DDP_KNOBS - {"comm_hook"}  # lossy: search.lossy is off here
+            if params["accumulation_steps"] > 1:
+                expected -= {"static_graph"}
+            assert params.keys() >= expected and "comm_hook" not in params
             assert "static_graph" not in params or params["accumulation_steps"] == 1
         else:
-            assert params.keys() >= FSDP_KNOBS
+            hsdp = ctx.num_nodes > 1 and isinstance(params["reshard_after_forward"], bool)
+            expected = FSDP_KNOBS - {"reduce_dtype"} - (set() if hsdp else {"hsdp"})
+            assert params.keys() >= expected and "reduce_dtype" not in params
+            assert hsdp == ("hsdp" in params)
         assert (ctx.backend == "nccl") == ("NCCL_BUFFSIZE" in params)
     if ctx.strategy_mode == "search":
         assert {p["strategy"] for p in samples} == {"ddp", "fsdp"}
@@ -147,6 +154,7 @@ def test_dropped_reasons() -> None:
     assert set(two_nodes) == {  # only the choices this hardware or safety rules out
         "NCCL_ALGO=allreduce:nvls", "NCCL_ALGO=allreduce:nvlstree",
         "NCCL_ALGO=allgather:pat;reducescatter:pat", "NCCL_PROTO=^LL", "NCCL_NVLS_ENABLE",
+        "comm_hook", "reduce_dtype",  # lossy: search.lossy is off
     }  # fmt: skip
 
 
@@ -191,7 +199,9 @@ def test_ddp_defaults_match_torch_and_plan() -> None:
 def test_fsdp_defaults_match_plan() -> None:
     fsdp = load_space_file(SHIPPED[0].parent / "fsdp.yaml")
     defaults = {p.name: p.default for p in fsdp.params}
-    assert defaults["reshard_after_forward"] is FSDPOptions().reshard_after_forward
+    assert defaults == dataclasses.asdict(FSDPOptions())
+    memory = load_space_file(SHIPPED[0].parent / "accumulation.yaml")
+    defaults = {p.name: p.default for p in memory.params}
     assert defaults["activation_checkpointing"] is _field_default(
         TrialPlan, "activation_checkpointing"
     )
@@ -244,8 +254,9 @@ def test_optuna_names_round_trip_and_enqueued_baseline() -> None:
 def test_grid_enumerates_feasible_points(tmp_path: Path) -> None:
     ctx = CONTEXTS["cpu-gloo-ddp"]  # per-worker batch 24: divisors up to 16 are 1,2,3,4,6,8,12
     points = SearchSpace(load_spaces(ALL), ctx).grid()
-    # 7 accumulations x 7 buckets x 2 bucket views, x 2 static_graph only at accumulation 1
-    assert len(points) == 7 * 2 * 2 + 6 * 7 * 2
+    # 7 accumulations x 7 buckets x 2 bucket views, x 2 static_graph only at accumulation 1;
+    # all of it x 2 checkpointing x 2 broadcast_buffers
+    assert len(points) == (7 * 2 * 2 + 6 * 7 * 2) * 2 * 2
     assert len({tuple(sorted(p.items())) for p in points}) == len(points)
     sockets = SearchSpace(
         [_sockets_spec(tmp_path)], SearchContext("nccl", "ddp", True, 8, 2, 64)
