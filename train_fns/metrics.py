@@ -23,9 +23,12 @@ WORLD_SIZE = "world_size"
 NUM_STEPS = "num_steps"
 """Optimizer steps in this window."""
 STEP_TIME_S = "step_time_s"
-"""Median wall-clock of one optimizer step (all micro-steps) in the window."""
+"""Median wall-clock of one optimizer step (all micro-steps) in the window; on GPU workers,
+of its plain steps (one device sync each; ``train_fns.timing``)."""
 DATA_S = "data_s"
-"""Median time per step spent producing/fetching input batches."""
+"""Time per step waiting for the input batches to reach the device: they are built on the
+host before the step's clock starts. The parts (data, fwd_bwd, optim, sync_micro) are those of
+the window's median step on CPU workers, of its profiled step on GPU workers."""
 FWD_BWD_S = "fwd_bwd_s"
 """Median time per step in forward+backward, gradient sync included where not hidden."""
 OPTIM_S = "optim_s"

@@ -1,8 +1,21 @@
 """Step timers (data, forward+backward, optimizer, total) and peak memory.
 
-CUDA runs asynchronously: without a synchronize at each phase boundary the host clock measures
-kernel launches, not work. The syncs cost a little overlap between phases; the total step time
-is what the search optimises, the parts explain it.
+CUDA runs asynchronously: the host clock measures kernel launches, not work, unless the host
+waits for the device. A device-wide ``torch.cuda.synchronize()`` at every phase boundary (3+
+per micro-step) would make every step wait: the CPU can no longer run ahead queueing kernels,
+and FSDP2's prefetch of the next block's all-gather (issued early so that it overlaps compute)
+is held back, so the step timed would be slower than the step trained, and by an amount that
+depends on the very knobs being compared. So, on CUDA:
+
+- a *plain* step syncs once, at its end: its total is the headline step time. Its start needs
+  no sync because every step ends in one and what runs between two steps ends in a host sync
+  (a loss read, a reduced metric) or runs on the host only;
+- a *profiled* step (one per measurement window, chosen by the caller) syncs at each phase
+  boundary and gives the split (data wait, forward+backward, the syncing micro-step, optimizer).
+  Its parts carry its own syncs; the window's headline total comes from its plain steps.
+
+On CPU a sync is free (there is nothing to wait for), so every step records its phases and the
+window is its median step with its own parts, as before.
 """
 
 from __future__ import annotations
@@ -29,19 +42,32 @@ class StepTimer:
         self._steps: list[dict[str, float]] = []
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._step_start = 0.0
+        self._profiled = True
 
-    def now(self) -> float:
+    def sync(self) -> None:
+        """Wait for the device's queued work (CUDA; nothing to wait for on CPU)."""
         if self.sync_cuda:
             torch.cuda.synchronize()
+
+    def now(self) -> float:
+        """The host clock after the device caught up (for measurements outside a step)."""
+        self.sync()
         return time.perf_counter()
 
-    def start_step(self) -> None:
+    def start_step(self, profiled: bool = True) -> None:
+        """Open a step; ``profiled`` (CUDA) times its phases with a sync at each boundary,
+        else only its total, with one sync at its end (see the module docstring)."""
+        self._profiled = profiled or not self.sync_cuda
         self._current = dict.fromkeys(PHASES, 0.0)
-        self._step_start = self.now()
+        self._step_start = self.now() if self.sync_cuda and self._profiled else time.perf_counter()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Add the wall-clock of the ``with`` body to phase ``name`` of the current step."""
+        """Add the wall-clock of the ``with`` body to phase ``name`` of the current step
+        (a profiled step only: a plain CUDA step is not interrupted)."""
+        if not self._profiled:
+            yield
+            return
         start = self.now()
         try:
             yield
@@ -49,23 +75,32 @@ class StepTimer:
             self._current[name] = self._current.get(name, 0.0) + self.now() - start
 
     def end_step(self) -> float:
-        """Close the step; returns its total wall-clock in seconds."""
+        """Close the step (its one sync on a plain CUDA step); returns its total in seconds."""
         total = self.now() - self._step_start
-        self._steps.append({**self._current, "total": total})
+        parts = self._current if self._profiled else {}
+        self._steps.append({**parts, "total": total, "profiled": float(self._profiled)})
         return total
 
     def take_window(self) -> dict[str, float]:
-        """The median step of the steps since the last call (by total; the lower middle one
-        of an even count), with its own phases: so its parts add up to its total, as medians
-        taken phase by phase over different steps need not."""
+        """The window's median step (by total; the lower middle one of an even count), timed
+        plainly where there are plain steps, and the parts of its median profiled step: on
+        CPU (every step profiled) that is the median step itself, so its parts add up to its
+        total, as medians taken phase by phase over different steps need not."""
         if not self._steps:
             raise RuntimeError("take_window called with no finished step")
-        totals = [step["total"] for step in self._steps]
-        middle = self._steps[totals.index(statistics.median_low(totals))]
-        window = {key: middle.get(key, 0.0) for key in (*PHASES, "total")}
-        window["num_steps"] = len(self._steps)
-        self._steps = []
+        steps, self._steps = self._steps, []
+        middle = _median_step([s for s in steps if not s["profiled"]] or steps)
+        profiled = [s for s in steps if s["profiled"]]
+        parts = middle if middle["profiled"] else (_median_step(profiled) if profiled else {})
+        window = {key: parts.get(key, 0.0) for key in PHASES}
+        window["total"] = middle["total"]
+        window["num_steps"] = len(steps)
         return window
+
+
+def _median_step(steps: list[dict[str, float]]) -> dict[str, float]:
+    totals = [step["total"] for step in steps]
+    return steps[totals.index(statistics.median_low(totals))]
 
 
 def peak_memory_bytes(device: torch.device) -> int:
