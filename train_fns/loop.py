@@ -27,7 +27,12 @@ from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.ranks import reduce_over_ranks
 from train_fns.strategies import discard_unsynced_gradients, sync_gradients, wrap_model
-from train_fns.timing import StepTimer, gpu_utilization, peak_memory_bytes
+from train_fns.timing import (
+    StepTimer,
+    gpu_utilization,
+    memory_capacity_bytes,
+    peak_memory_bytes,
+)
 from train_fns.watchdog import Watchdog
 from train_fns.workload import (
     Workload,
@@ -197,7 +202,7 @@ def _window_metrics(
         m.SYNC_MICRO_S: times["sync_micro"],
         m.NOSYNC_MICRO_S: nosync_s,
         m.LOSS: reduce_over_ranks([float(loss)])[0],
-        m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
+        **_memory_metrics(runner),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),
@@ -206,6 +211,18 @@ def _window_metrics(
         m.WINDOW_WALL_S: window_wall_s,
         # a synchronous step is as slow as its slowest rank
         m.GLOBAL_STEP_TIME_S: reduce_over_ranks([times["total"]], op="max")[0],
+    }
+
+
+def _memory_metrics(runner: StepRunner) -> dict[str, int | None]:
+    """Peak memory both ways and the capacity it is compared with (``train_fns.metrics``)."""
+    device, used_peak = runner.device, runner.timer.device_used_peak
+    on_gpu = device.type == "cuda"
+    return {
+        m.PEAK_MEM_BYTES: peak_memory_bytes(device, used_peak),
+        m.ALLOCATED_PEAK_BYTES: int(torch.cuda.max_memory_allocated(device)) if on_gpu else None,
+        m.DEVICE_USED_PEAK_BYTES: used_peak if on_gpu else None,
+        m.MEMORY_CAPACITY_BYTES: memory_capacity_bytes(device),
     }
 
 
@@ -264,7 +281,7 @@ def _run_step_with_context(runner: StepRunner, step: int, profiled: bool) -> Ten
     try:
         return runner.run_step(step, profiled)
     except torch.OutOfMemoryError as e:
-        peak_gib = peak_memory_bytes(runner.device) / 2**30
+        peak_gib = peak_memory_bytes(runner.device, runner.timer.device_used_peak) / 2**30
         error = torch.OutOfMemoryError(
             f"rank {runner.rank}, step {step}, micro_batch={runner.plan.micro_batch}, "
             f"peak {peak_gib:.1f} GiB: {e}"

@@ -40,7 +40,16 @@ NOSYNC_MICRO_S = "nosync_micro_s"
 micro-steps, or on one extra micro-step after the window when there is no accumulation."""
 LOSS = "loss"
 PEAK_MEM_BYTES = "peak_mem_bytes"
-"""CUDA max allocated on GPU workers; peak process RSS on CPU workers."""
+"""On GPU workers the larger of ``ALLOCATED_PEAK_BYTES`` and ``DEVICE_USED_PEAK_BYTES``; peak
+process RSS on CPU workers."""
+ALLOCATED_PEAK_BYTES = "allocated_peak_bytes"
+"""torch's CUDA max allocated (tensors only); None on CPU workers."""
+DEVICE_USED_PEAK_BYTES = "device_used_peak_bytes"
+"""The GPU's used memory (total - free) at step ends, at its peak: NCCL's buffers and the CUDA
+context included; None on CPU workers."""
+MEMORY_CAPACITY_BYTES = "memory_capacity_bytes"
+"""What the peak is compared with: the GPU's memory; on CPU the worker's cgroup memory limit,
+or the machine's RAM where none is set (``train_fns.timing.memory_capacity_bytes``)."""
 ENV_SEEN = "env_seen"
 """The tuned environment variables as the worker process really saw them (None: unset)."""
 SETUP_S = "setup_s"

@@ -20,11 +20,13 @@ window is its median step with its own parts, as before.
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -43,6 +45,9 @@ class StepTimer:
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._step_start = 0.0
         self._profiled = True
+        self.device = device
+        self.device_used_peak = 0
+        """Peak of ``device_used_bytes`` at step ends (0 on CPU)."""
 
     def sync(self) -> None:
         """Wait for the device's queued work (CUDA; nothing to wait for on CPU)."""
@@ -77,6 +82,8 @@ class StepTimer:
     def end_step(self) -> float:
         """Close the step (its one sync on a plain CUDA step); returns its total in seconds."""
         total = self.now() - self._step_start
+        used = device_used_bytes(self.device)
+        self.device_used_peak = max(self.device_used_peak, used or 0)
         parts = self._current if self._profiled else {}
         self._steps.append({**parts, "total": total, "profiled": float(self._profiled)})
         return total
@@ -103,15 +110,41 @@ def _median_step(steps: list[dict[str, float]]) -> dict[str, float]:
     return steps[totals.index(statistics.median_low(totals))]
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA allocation on GPU workers; peak resident set size of the process on CPU.
-
-    ``ru_maxrss`` is in KiB on Linux. It includes the interpreter and libraries, so on CPU it
-    compares trials, not tensors.
-    """
+def peak_memory_bytes(device: torch.device, device_used_peak: int = 0) -> int:
+    """The peak to compare with capacity: on GPU workers the larger of torch's peak allocation
+    and ``device_used_peak`` (``device_used_bytes`` sampled at step ends: it includes what
+    torch does not allocate, NCCL's buffers and the CUDA context); on CPU the process's peak
+    resident set size (``ru_maxrss``, KiB on Linux; it includes the interpreter and libraries,
+    so on CPU it compares trials, not tensors)."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return max(int(torch.cuda.max_memory_allocated(device)), device_used_peak)
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def device_used_bytes(device: torch.device) -> int | None:
+    """Memory in use on the whole GPU (total - free, as the driver sees it; other processes
+    on the GPU count too); None on CPU. No device sync."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
+
+
+def memory_capacity_bytes(device: torch.device, cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """What the peak is compared with: the GPU's memory; on CPU the worker's memory limit (its
+    cgroup's, v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) where one is set below the
+    machine's RAM, else the machine's RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for name in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            limit = (cgroup / name).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and 0 < int(limit) < ram:
+            return int(limit)
+    return int(ram)
 
 
 def gpu_utilization(device: torch.device) -> float | None:

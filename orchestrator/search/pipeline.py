@@ -16,7 +16,13 @@ from orchestrator.search import evidence, study
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
-from orchestrator.search.results import baseline_record, overhead_line, records, write_outputs
+from orchestrator.search.results import (
+    baseline_record,
+    memory_capacity_info,
+    overhead_line,
+    records,
+    write_outputs,
+)
 from orchestrator.search.trial import TrialContext
 from orchestrator.search.tuner import build_tuner
 from orchestrator.session import (
@@ -84,6 +90,7 @@ def run_search(
         storage = study.open_storage(config, out)
         ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
+        update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
         if ran:
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))

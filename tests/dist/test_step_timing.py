@@ -47,6 +47,7 @@ def _count_sync() -> None:
 
 def _syncs_per_step(rank: int, world: int, plan: TrialPlan) -> list[int]:
     torch.cuda.synchronize = _count_sync  # this spawned process only
+    torch.cuda.mem_get_info = lambda device=None: (0, 0)
     train_fns.loop.StepTimer = CountingTimer
     run_training(plan, rank, world, CPU, lambda report: None)
     return CountingTimer.made[0].per_step

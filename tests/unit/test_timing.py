@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
-from train_fns.timing import StepTimer
+from train_fns.timing import StepTimer, peak_memory_bytes
 
 CUDA = torch.device("cuda")  # a device name only: nothing is placed on it
+GiB = 2**30
 
 
 @pytest.fixture
@@ -22,6 +23,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls[0] += 1
 
     monkeypatch.setattr(torch.cuda, "synchronize", count)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (6 * GiB, 16 * GiB))
     return calls
 
 
@@ -80,3 +82,19 @@ def test_on_cpu_every_step_is_profiled_and_the_window_is_its_median_step() -> No
     assert 0.01 <= window["fwd_bwd"] < 0.02 and window["sync_micro"] >= 0.005
     parts = window["data"] + window["fwd_bwd"] + window["optim"]
     assert parts == pytest.approx(window["total"], rel=0.2)
+
+
+def test_the_peak_counts_the_devices_used_memory_beside_torchs(
+    syncs: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL's buffers are not torch allocations: the GPU's used memory (total - free, sampled
+    at step ends) is the peak when it is the larger (issue 13, defect 10)."""
+    timer = StepTimer(CUDA)
+    for free in (6, 2, 5):  # 10, 14, 11 GiB in use at the steps' ends
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None, f=free: (f * GiB, 16 * GiB))
+        _step(timer, 0.0, profiled=False)
+    assert timer.device_used_peak == 14 * GiB
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 9 * GiB)
+    assert peak_memory_bytes(CUDA, timer.device_used_peak) == 14 * GiB
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 15 * GiB)
+    assert peak_memory_bytes(CUDA, timer.device_used_peak) == 15 * GiB
