@@ -31,6 +31,7 @@ from orchestrator.session import (
     quiet_libraries,
     resolve_gpu,
     start_ray,
+    worker_topology,
 )
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
@@ -79,7 +80,8 @@ def run_search(
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
-        info = update_run_info(out, _context_info(space.context))
+        topo = worker_topology(use_gpu)  # not the driver's: it may be a CPU head
+        info = update_run_info(out, {**_context_info(space.context), "topology": topo})
         if config.search.probe and not resume:
             evidence.measure_link(config, out)
         link = evidence.probed_link(out)
