@@ -4,9 +4,9 @@ From the project root on a GPU machine, in under 8 minutes (each phase has its o
 and a phase that fails is reported and the next one runs):
 
 1. ``worker``: the worker loop alone, without Ray (one rank, NCCL): the built-in bert-large
-   workload in bf16, DDP, timed two ways side by side (the timer's per-phase device syncs vs
-   one sync per step), samples/s and model FLOP utilisation (6 x params x tokens/s over the
-   GPU's dense bf16 peak, the peak named in the output);
+   workload in bf16, DDP, timed two ways side by side (profiled steps, a device sync at each
+   phase boundary, vs plain steps, one sync per step), samples/s and model FLOP utilisation
+   (6 x params x tokens/s over the GPU's dense bf16 peak, the peak named in the output);
 2. ``smoke``: the smoke search on GPU (``--preset smoke``, NCCL);
 3. ``bert-large``: a short bert-large search under a time budget;
 4. ``probe``: the bandwidth probe;
@@ -69,13 +69,12 @@ def worker_phase(steps: int = 12) -> list[str]:
     lines, name = [], torch.cuda.get_device_name(device)
     gpu, peak = peak_tflops(name)
     for sync_phases in (True, False):
-        runner.timer.sync_cuda = sync_phases
         for step in range(3):
-            runner.run_step(step)  # warm-up
+            runner.run_step(step, profiled=sync_phases)  # warm-up
         torch.cuda.synchronize()
         start = time.perf_counter()
         for step in range(3, 3 + steps):
-            runner.run_step(step)
+            runner.run_step(step, profiled=sync_phases)
         torch.cuda.synchronize()
         per_s = plan.global_batch * steps / (time.perf_counter() - start)
         flops = 6 * runner.num_params * plan.seq_len * per_s

@@ -12,6 +12,7 @@ import csv
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -103,8 +104,9 @@ def read_probe(out: Path) -> list[dict[str, str]] | None:
 
 
 def topology(node_root: Path = Path("/sys/devices/system/node")) -> dict[str, Any]:
-    """GPU links (``nvidia-smi topo -m``), NUMA nodes and CPU count of this machine: what
-    decides whether traffic crosses PCIe, NVLink or a socket boundary."""
+    """GPU model and count, GPU links (``nvidia-smi topo -m``: ``NV#`` is NVLink), NUMA nodes
+    and CPU count of this machine: what decides whether traffic crosses PCIe, NVLink or a
+    socket boundary. Read it where the workers run (``session.worker_topology``)."""
     info: dict[str, Any] = {"cpu_count": os.cpu_count()}
     numa = {p.parent.name: p.read_text().strip() for p in sorted(node_root.glob("node*/cpulist"))}
     if numa:
@@ -112,11 +114,18 @@ def topology(node_root: Path = Path("/sys/devices/system/node")) -> dict[str, An
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            done = subprocess.run(
-                [smi, "topo", "-m"], capture_output=True, text=True, timeout=30, check=True
+            names = _run(smi, "--query-gpu=name", "--format=csv,noheader").splitlines()
+            info["gpu_model"], info["gpus_on_node"] = (names[0] if names else ""), len(names)
+            info["nvidia_smi_topo"] = _run(smi, "topo", "-m")
+            info["gpu_link"] = (
+                "nvlink" if re.search(r"\bNV\d+\b", info["nvidia_smi_topo"]) else "pcie"
             )
-            info["nvidia_smi_topo"] = done.stdout.rstrip()
         except (OSError, subprocess.SubprocessError) as e:
-            log.warning("nvidia-smi topo -m failed", exc_info=True)
+            log.warning("nvidia-smi failed", exc_info=True)
             info["nvidia_smi_topo_error"] = str(e)
     return info
+
+
+def _run(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.rstrip()

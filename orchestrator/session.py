@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator.config import ClusterConfig, Config, ConfigError
 from orchestrator.inputs import check_reachable
 from orchestrator.placement import PlacementError, layout_for
+from orchestrator.runfiles import topology
 
 TRIAL_CPU = 0.01
 """The CPU sliver a Tune trial holds while it drives a TorchTrainer: a whole CPU would leave
@@ -141,6 +142,34 @@ def alive_nodes() -> int:
     import ray
 
     return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def worker_topology(use_gpu: bool, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The topology the trials run on, read in a Ray task on a worker node (one that holds a
+    GPU when the trials use GPUs), with the cluster's node and GPU counts: the driver may be
+    a CPU head that sees neither the GPUs nor their links. Falls back to the driver's own,
+    said as such, when no worker slot frees up in ``timeout_s``."""
+    import ray
+
+    task = ray.remote(num_cpus=0, num_gpus=1 if use_gpu else 0)(_node_topology)
+    ref = task.remote()
+    try:
+        info = ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref)  # still queued: it must not take a GPU from the first trial later
+        info = {**topology(), "source": f"the driver: no worker answered in {timeout_s:g}s"}
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    nodes = [node for node in alive if node["Resources"].get("GPU") or not use_gpu]
+    info["num_nodes"] = len(nodes)
+    if use_gpu:
+        info["gpus_per_node"] = int(max((n["Resources"]["GPU"] for n in nodes), default=0))
+    return info
+
+
+def _node_topology() -> dict[str, Any]:
+    import ray
+
+    return {**topology(), "source": f"a worker on node {ray.util.get_node_ip_address()}"}
 
 
 def quiet_libraries(verbose: bool) -> None:

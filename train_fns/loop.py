@@ -27,9 +27,21 @@ from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.ranks import reduce_over_ranks
 from train_fns.strategies import discard_unsynced_gradients, sync_gradients, wrap_model
-from train_fns.timing import StepTimer, gpu_utilization, peak_memory_bytes
+from train_fns.timing import (
+    StepTimer,
+    gpu_utilization,
+    memory_capacity_bytes,
+    peak_memory_bytes,
+)
 from train_fns.watchdog import Watchdog
-from train_fns.workload import Workload, WorkloadContext, as_workload, load_entrypoint, to_device
+from train_fns.workload import (
+    Workload,
+    WorkloadContext,
+    as_workload,
+    load_entrypoint,
+    pinned,
+    to_device,
+)
 
 __all__ = ["HANG_EXIT_CODE", "StepRunner", "build_runner", "run_training", "window_ends"]
 
@@ -68,12 +80,17 @@ class StepRunner:
     reference_s: float = 0.0
     """Wall-clock that reference took (overhead, not measurement)."""
 
-    def run_step(self, step: int) -> Tensor:
-        """One optimizer step; returns its mean loss (a device tensor: no host sync per step)."""
+    def run_step(self, step: int, profiled: bool = True) -> Tensor:
+        """One optimizer step; returns its mean loss (a device tensor: no host sync per step).
+
+        Its micro-batches are built before the clock starts: building them is the workload's
+        cost, not the step's, and the same for every configuration searched. ``profiled``:
+        see ``StepTimer.start_step``."""
         if step == self.plan.warmup_steps and self.fault == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
-        self.timer.start_step()
-        step_loss = self.accumulate_gradients(step)
+        batches = self.host_batches(step)
+        self.timer.start_step(profiled)
+        step_loss = self.accumulate_gradients(step, batches)
         if self.before_optimizer is not None:
             self.before_optimizer(self)
         with self.timer.phase("optim"):
@@ -82,14 +99,17 @@ class StepRunner:
         self.timer.end_step()
         return step_loss
 
-    def accumulate_gradients(self, step: int) -> Tensor:
-        """Forward and backward of every micro-step; gradients sync on the last one only."""
+    def accumulate_gradients(self, step: int, batches: list[Any] | None = None) -> Tensor:
+        """Forward and backward of every micro-step; gradients sync on the last one only.
+        ``batches``: the step's host batches (``host_batches``; built here when None)."""
         plan = self.plan
         inject = self.fault if step == plan.warmup_steps else None
         step_loss = torch.zeros((), device=self.device)
+        if batches is None:
+            batches = self.host_batches(step)
         for micro_step in range(plan.accumulation_steps):
-            with self.timer.phase("data"):
-                batch = self.batch(step, micro_step)
+            with self.timer.phase("data"):  # the copy to the device only
+                batch = to_device(batches[micro_step], self.device)
             last = micro_step == plan.accumulation_steps - 1
             with (
                 self.timer.phase("fwd_bwd"),
@@ -110,11 +130,16 @@ class StepRunner:
             step_loss += loss.detach()
         return step_loss
 
-    def batch(self, step: int, micro_step: int) -> Any:
-        """This rank's micro-batch at ``(step, micro_step)``, on its device: the workload's
-        samples at the global indices the plan assigns (the same whatever the split)."""
+    def host_batches(self, step: int) -> list[Any]:
+        """This rank's micro-batches of ``step``, on the host (``host_batch``)."""
+        return [self.host_batch(step, micro) for micro in range(self.plan.accumulation_steps)]
+
+    def host_batch(self, step: int, micro_step: int) -> Any:
+        """This rank's micro-batch at ``(step, micro_step)`` on the host, pinned on CUDA (so
+        that the copy to the device is asynchronous): the workload's samples at the global
+        indices the plan assigns (the same whatever the split)."""
         indices = list(sample_indices(self.plan, self.rank, step, micro_step))
-        return to_device(self.workload.batch(indices), self.device)
+        return pinned(self.workload.batch(indices), self.device)
 
     def loss(self, batch: Any) -> Tensor:
         """The workload's loss of ``batch`` on the wrapped model."""
@@ -124,7 +149,7 @@ class StepRunner:
         """Seconds of one forward+backward of micro-step 0 with gradient sync off, then
         discarded: the compute-only twin of ``sync_micro`` when there is no accumulation
         (every micro-step syncs). Costs one micro-step; its gradients are discarded after."""
-        batch = self.batch(step, 0)
+        batch = to_device(self.host_batch(step, 0), self.device)
         start = self.timer.now()
         with sync_gradients(self.model, self.plan, enabled=False), self.precision.autocast():
             loss = self.loss(batch) / self.plan.accumulation_steps
@@ -177,7 +202,7 @@ def _window_metrics(
         m.SYNC_MICRO_S: times["sync_micro"],
         m.NOSYNC_MICRO_S: nosync_s,
         m.LOSS: reduce_over_ranks([float(loss)])[0],
-        m.PEAK_MEM_BYTES: peak_memory_bytes(runner.device),
+        **_memory_metrics(runner),
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),
@@ -186,6 +211,18 @@ def _window_metrics(
         m.WINDOW_WALL_S: window_wall_s,
         # a synchronous step is as slow as its slowest rank
         m.GLOBAL_STEP_TIME_S: reduce_over_ranks([times["total"]], op="max")[0],
+    }
+
+
+def _memory_metrics(runner: StepRunner) -> dict[str, int | None]:
+    """Peak memory both ways and the capacity it is compared with (``train_fns.metrics``)."""
+    device, used_peak = runner.device, runner.timer.device_used_peak
+    on_gpu = device.type == "cuda"
+    return {
+        m.PEAK_MEM_BYTES: peak_memory_bytes(device, used_peak),
+        m.ALLOCATED_PEAK_BYTES: int(torch.cuda.max_memory_allocated(device)) if on_gpu else None,
+        m.DEVICE_USED_PEAK_BYTES: used_peak if on_gpu else None,
+        m.MEMORY_CAPACITY_BYTES: memory_capacity_bytes(device),
     }
 
 
@@ -243,13 +280,13 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
     return runner, setup
 
 
-def _run_step_with_context(runner: StepRunner, step: int) -> Tensor:
+def _run_step_with_context(runner: StepRunner, step: int, profiled: bool) -> Tensor:
     """``run_step``; an OOM is re-raised (same type) saying where and at what peak memory, and
     carrying the step (``group.agree_all_oom``)."""
     try:
-        return runner.run_step(step)
+        return runner.run_step(step, profiled)
     except torch.OutOfMemoryError as e:
-        peak_gib = peak_memory_bytes(runner.device) / 2**30
+        peak_gib = peak_memory_bytes(runner.device, runner.timer.device_used_peak) / 2**30
         error = torch.OutOfMemoryError(
             f"rank {runner.rank}, step {step}, micro_batch={runner.plan.micro_batch}, "
             f"peak {peak_gib:.1f} GiB: {e}"
@@ -287,7 +324,8 @@ def run_training(
         runner.model.eval()
         window_start = time.perf_counter()
         for step in range(plan.total_steps):
-            loss = _run_step_with_context(runner, step)
+            # one profiled step per window, its last (see train_fns.timing)
+            loss = _run_step_with_context(runner, step, profiled=step + 1 in ends)
             watchdog.beat()
             if step < guarded:
                 guard.record_loss(loss)

@@ -23,9 +23,12 @@ WORLD_SIZE = "world_size"
 NUM_STEPS = "num_steps"
 """Optimizer steps in this window."""
 STEP_TIME_S = "step_time_s"
-"""Median wall-clock of one optimizer step (all micro-steps) in the window."""
+"""Median wall-clock of one optimizer step (all micro-steps) in the window; on GPU workers,
+of its plain steps (one device sync each; ``train_fns.timing``)."""
 DATA_S = "data_s"
-"""Median time per step spent producing/fetching input batches."""
+"""Time per step waiting for the input batches to reach the device: they are built on the
+host before the step's clock starts. The parts (data, fwd_bwd, optim, sync_micro) are those of
+the window's median step on CPU workers, of its profiled step on GPU workers."""
 FWD_BWD_S = "fwd_bwd_s"
 """Median time per step in forward+backward, gradient sync included where not hidden."""
 OPTIM_S = "optim_s"
@@ -37,7 +40,16 @@ NOSYNC_MICRO_S = "nosync_micro_s"
 micro-steps, or on one extra micro-step after the window when there is no accumulation."""
 LOSS = "loss"
 PEAK_MEM_BYTES = "peak_mem_bytes"
-"""CUDA max allocated on GPU workers; peak process RSS on CPU workers."""
+"""On GPU workers the larger of ``ALLOCATED_PEAK_BYTES`` and ``DEVICE_USED_PEAK_BYTES``; peak
+process RSS on CPU workers."""
+ALLOCATED_PEAK_BYTES = "allocated_peak_bytes"
+"""torch's CUDA max allocated (tensors only); None on CPU workers."""
+DEVICE_USED_PEAK_BYTES = "device_used_peak_bytes"
+"""The GPU's used memory (total - free) at step ends, at its peak: NCCL's buffers and the CUDA
+context included; None on CPU workers."""
+MEMORY_CAPACITY_BYTES = "memory_capacity_bytes"
+"""What the peak is compared with: the GPU's memory; on CPU the worker's cgroup memory limit,
+or the machine's RAM where none is set (``train_fns.timing.memory_capacity_bytes``)."""
 ENV_SEEN = "env_seen"
 """The tuned environment variables as the worker process really saw them (None: unset)."""
 SETUP_S = "setup_s"

@@ -1,17 +1,32 @@
 """Step timers (data, forward+backward, optimizer, total) and peak memory.
 
-CUDA runs asynchronously: without a synchronize at each phase boundary the host clock measures
-kernel launches, not work. The syncs cost a little overlap between phases; the total step time
-is what the search optimises, the parts explain it.
+CUDA runs asynchronously: the host clock measures kernel launches, not work, unless the host
+waits for the device. A device-wide ``torch.cuda.synchronize()`` at every phase boundary (3+
+per micro-step) would make every step wait: the CPU can no longer run ahead queueing kernels,
+and FSDP2's prefetch of the next block's all-gather (issued early so that it overlaps compute)
+is held back, so the step timed would be slower than the step trained, and by an amount that
+depends on the very knobs being compared. So, on CUDA:
+
+- a *plain* step syncs once, at its end: its total is the headline step time. Its start needs
+  no sync because every step ends in one and what runs between two steps ends in a host sync
+  (a loss read, a reduced metric) or runs on the host only;
+- a *profiled* step (one per measurement window, chosen by the caller) syncs at each phase
+  boundary and gives the split (data wait, forward+backward, the syncing micro-step, optimizer).
+  Its parts carry its own syncs; the window's headline total comes from its plain steps.
+
+On CPU a sync is free (there is nothing to wait for), so every step records its phases and the
+window is its median step with its own parts, as before.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -29,19 +44,35 @@ class StepTimer:
         self._steps: list[dict[str, float]] = []
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._step_start = 0.0
+        self._profiled = True
+        self.device = device
+        self.device_used_peak = 0
+        """Peak of ``device_used_bytes`` at step ends (0 on CPU)."""
 
-    def now(self) -> float:
+    def sync(self) -> None:
+        """Wait for the device's queued work (CUDA; nothing to wait for on CPU)."""
         if self.sync_cuda:
             torch.cuda.synchronize()
+
+    def now(self) -> float:
+        """The host clock after the device caught up (for measurements outside a step)."""
+        self.sync()
         return time.perf_counter()
 
-    def start_step(self) -> None:
+    def start_step(self, profiled: bool = True) -> None:
+        """Open a step; ``profiled`` (CUDA) times its phases with a sync at each boundary,
+        else only its total, with one sync at its end (see the module docstring)."""
+        self._profiled = profiled or not self.sync_cuda
         self._current = dict.fromkeys(PHASES, 0.0)
-        self._step_start = self.now()
+        self._step_start = self.now() if self.sync_cuda and self._profiled else time.perf_counter()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Add the wall-clock of the ``with`` body to phase ``name`` of the current step."""
+        """Add the wall-clock of the ``with`` body to phase ``name`` of the current step
+        (a profiled step only: a plain CUDA step is not interrupted)."""
+        if not self._profiled:
+            yield
+            return
         start = self.now()
         try:
             yield
@@ -49,34 +80,71 @@ class StepTimer:
             self._current[name] = self._current.get(name, 0.0) + self.now() - start
 
     def end_step(self) -> float:
-        """Close the step; returns its total wall-clock in seconds."""
+        """Close the step (its one sync on a plain CUDA step); returns its total in seconds."""
         total = self.now() - self._step_start
-        self._steps.append({**self._current, "total": total})
+        used = device_used_bytes(self.device)
+        self.device_used_peak = max(self.device_used_peak, used or 0)
+        parts = self._current if self._profiled else {}
+        self._steps.append({**parts, "total": total, "profiled": float(self._profiled)})
         return total
 
     def take_window(self) -> dict[str, float]:
-        """The median step of the steps since the last call (by total; the lower middle one
-        of an even count), with its own phases: so its parts add up to its total, as medians
-        taken phase by phase over different steps need not."""
+        """The window's median step (by total; the lower middle one of an even count), timed
+        plainly where there are plain steps, and the parts of its median profiled step: on
+        CPU (every step profiled) that is the median step itself, so its parts add up to its
+        total, as medians taken phase by phase over different steps need not."""
         if not self._steps:
             raise RuntimeError("take_window called with no finished step")
-        totals = [step["total"] for step in self._steps]
-        middle = self._steps[totals.index(statistics.median_low(totals))]
-        window = {key: middle.get(key, 0.0) for key in (*PHASES, "total")}
-        window["num_steps"] = len(self._steps)
-        self._steps = []
+        steps, self._steps = self._steps, []
+        middle = _median_step([s for s in steps if not s["profiled"]] or steps)
+        profiled = [s for s in steps if s["profiled"]]
+        parts = middle if middle["profiled"] else (_median_step(profiled) if profiled else {})
+        window = {key: parts.get(key, 0.0) for key in PHASES}
+        window["total"] = middle["total"]
+        window["num_steps"] = len(steps)
         return window
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA allocation on GPU workers; peak resident set size of the process on CPU.
+def _median_step(steps: list[dict[str, float]]) -> dict[str, float]:
+    totals = [step["total"] for step in steps]
+    return steps[totals.index(statistics.median_low(totals))]
 
-    ``ru_maxrss`` is in KiB on Linux. It includes the interpreter and libraries, so on CPU it
-    compares trials, not tensors.
-    """
+
+def peak_memory_bytes(device: torch.device, device_used_peak: int = 0) -> int:
+    """The peak to compare with capacity: on GPU workers the larger of torch's peak allocation
+    and ``device_used_peak`` (``device_used_bytes`` sampled at step ends: it includes what
+    torch does not allocate, NCCL's buffers and the CUDA context); on CPU the process's peak
+    resident set size (``ru_maxrss``, KiB on Linux; it includes the interpreter and libraries,
+    so on CPU it compares trials, not tensors)."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return max(int(torch.cuda.max_memory_allocated(device)), device_used_peak)
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def device_used_bytes(device: torch.device) -> int | None:
+    """Memory in use on the whole GPU (total - free, as the driver sees it; other processes
+    on the GPU count too); None on CPU. No device sync."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
+
+
+def memory_capacity_bytes(device: torch.device, cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """What the peak is compared with: the GPU's memory; on CPU the worker's memory limit (its
+    cgroup's, v2 ``memory.max`` or v1 ``memory.limit_in_bytes``) where one is set below the
+    machine's RAM, else the machine's RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for name in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            limit = (cgroup / name).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and 0 < int(limit) < ram:
+            return int(limit)
+    return int(ram)
 
 
 def gpu_utilization(device: torch.device) -> float | None:

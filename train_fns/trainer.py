@@ -125,7 +125,7 @@ class ElasticTrainer:
         probe = step % self.spec.grad_norm_every == 0
         runner.before_optimizer = self._probe_gradients if probe else None
         start = time.perf_counter()
-        loss = runner.run_step(step)
+        loss = runner.run_step(step)  # profiled: every step reports its own split
         times = runner.timer.take_window()
         seen = self.state["samples_seen"] + plan.global_batch
         self.state = {"step": step + 1, "samples_seen": seen}

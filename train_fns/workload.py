@@ -168,13 +168,25 @@ def default_blocks(model: nn.Module) -> list[nn.Module]:
     return list(best)
 
 
+def pinned(batch: Any, device: torch.device) -> Any:
+    """A host batch in page-locked memory when it is bound for a GPU: only from there does
+    ``.to(device, non_blocking=True)`` copy asynchronously instead of staging it first."""
+    if device.type != "cuda":
+        return batch
+    return _map_tensors(batch, lambda t: t if t.is_cuda else t.pin_memory())
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move a batch (a tensor, or a tuple / list / dict of them) to ``device``."""
     non_blocking = device.type == "cuda"
+    return _map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def _map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=non_blocking)
+        return fn(batch)
     if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return {k: _map_tensors(v, fn) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
+        return type(batch)(_map_tensors(v, fn) for v in batch)
     return batch

@@ -224,8 +224,10 @@ def rule_gpu_util(record: RunRecord) -> Finding | None:
 
 def rule_memory(record: RunRecord) -> Finding | None:
     """memory -> activations/sharding: near capacity, one longer batch away from OOM."""
-    capacity = num(record.run_info.get("memory_capacity_bytes"))
     row = record.best() or record.baseline()
+    # the trial's own workers' capacity (trials.csv), else the run's (run_info.json)
+    capacity = num(row.get("memory_capacity_bytes")) if row else None
+    capacity = capacity or num(record.run_info.get("memory_capacity_bytes"))
     peak_mib = num(row.get("peak_mem_mib")) if row else None
     if not capacity or peak_mib is None:
         return None

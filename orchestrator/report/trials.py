@@ -189,6 +189,8 @@ def section_memory(record: RunRecord) -> str:
     ax.set(xlabel="trial", ylabel="peak memory (GiB)")
     ooms = [r["number"] for r, _ in rows if r.get("state") == "oom"]
     text = f"Out of memory: trial(s) {', '.join(ooms)}." if ooms else "No trial ran out of memory."
-    return f"<p>{esc(text)} Per worker: CUDA max allocated on GPUs, peak RSS on CPUs.</p>" + png(
-        fig, "peak memory per trial"
+    how = (
+        "Per worker: on GPUs the larger of CUDA max allocated and the GPU's used memory "
+        "(NCCL buffers included), peak RSS on CPUs."
     )
+    return f"<p>{esc(text)} {how}</p>" + png(fig, "peak memory per trial")

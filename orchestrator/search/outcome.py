@@ -49,6 +49,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
         **parts,
         m.LOSS: statistics.fmean(w[m.LOSS] for w in last),
         m.PEAK_MEM_BYTES: max(w[m.PEAK_MEM_BYTES] for ranks in windows for w in ranks),
+        **_memory(windows),
         m.ENV_SEEN: {str(w[m.RANK]): w[m.ENV_SEEN] for w in last},
         m.SETUP_S: max((w.get(m.SETUP_S) or {} for w in windows[0]), key=lambda s: sum(s.values())),
         m.NUM_NONFINITE: max(w.get(m.NUM_NONFINITE, 0) for w in last),
@@ -58,6 +59,18 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
         "num_windows": len(windows),
         "window_samples_per_s": throughputs,
     }
+
+
+def _memory(windows: list[list[dict[str, Any]]]) -> dict[str, int | None]:
+    """Both GPU peaks (the larger of the two is the trial's peak) and the smallest rank's
+    capacity (the first to run out); None where the workers did not report them."""
+    reports = [w for ranks in windows for w in ranks]
+    out = {}
+    for key, pick in ((m.ALLOCATED_PEAK_BYTES, max), (m.DEVICE_USED_PEAK_BYTES, max),
+                      (m.MEMORY_CAPACITY_BYTES, min)):  # fmt: skip
+        present = [w[key] for w in reports if w.get(key) is not None]
+        out[key] = pick(present) if present else None
+    return out
 
 
 def _median_or_none(values: Any) -> float | None:

@@ -16,7 +16,13 @@ from orchestrator.search import evidence, study
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
-from orchestrator.search.results import baseline_record, overhead_line, records, write_outputs
+from orchestrator.search.results import (
+    baseline_record,
+    memory_capacity_info,
+    overhead_line,
+    records,
+    write_outputs,
+)
 from orchestrator.search.trial import TrialContext
 from orchestrator.search.tuner import build_tuner
 from orchestrator.session import (
@@ -25,6 +31,7 @@ from orchestrator.session import (
     quiet_libraries,
     resolve_gpu,
     start_ray,
+    worker_topology,
 )
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
@@ -75,7 +82,8 @@ def run_search(
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
-        info = update_run_info(out, _context_info(space.context))
+        topo = worker_topology(use_gpu)  # not the driver's: it may be a CPU head
+        info = update_run_info(out, {**_context_info(space.context), "topology": topo})
         if config.search.probe and not resume:
             evidence.measure_link(config, out)
         link = evidence.probed_link(out)
@@ -86,6 +94,7 @@ def run_search(
         storage = study.open_storage(config, out)
         ran = _tune(ctx, storage, resume, out, deadline)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
+        update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
         if ran:
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))

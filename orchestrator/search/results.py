@@ -99,8 +99,8 @@ def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
 def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
     header = [
-        "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", "trial_wall_s",
-        "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "lossy", "reason",
+        "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", m.MEMORY_CAPACITY_BYTES,
+        "trial_wall_s", "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "lossy", "reason",
     ]  # fmt: skip
     text = io.StringIO()
     writer = csv.writer(text)
@@ -114,6 +114,7 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
                 *(r.params.get(n, "") for n in names),
                 *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
                 "" if peak is None else f"{peak / 2**20:.1f}",
+                r.attrs.get(m.MEMORY_CAPACITY_BYTES) or "",
                 _fmt(r.attrs.get("trial_wall_s")),
                 _fmt(measured_share(r)),
                 *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
@@ -124,6 +125,14 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
             ]
         )
     write_atomic(path, text.getvalue())
+
+
+def memory_capacity_info(recs: list[TrialRecord]) -> dict[str, int]:
+    """run_info.json's ``memory_capacity_bytes``: the smallest any trial's worker reported
+    (empty when none did, e.g. a run from before it was recorded)."""
+    capacities = [r.attrs[m.MEMORY_CAPACITY_BYTES] for r in recs
+                  if r.attrs.get(m.MEMORY_CAPACITY_BYTES)]  # fmt: skip
+    return {m.MEMORY_CAPACITY_BYTES: min(capacities)} if capacities else {}
 
 
 def timings(rec: TrialRecord) -> dict[str, float]:

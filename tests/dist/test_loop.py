@@ -25,6 +25,9 @@ EXPECTED_KEYS = {
     m.NOSYNC_MICRO_S,
     m.LOSS,
     m.PEAK_MEM_BYTES,
+    m.ALLOCATED_PEAK_BYTES,
+    m.DEVICE_USED_PEAK_BYTES,
+    m.MEMORY_CAPACITY_BYTES,
     m.ENV_SEEN,
     m.SETUP_S,
     m.NUM_NONFINITE,
@@ -89,6 +92,9 @@ def test_every_rank_reports_every_window(
                 assert report[key] > 0, key
             assert report[m.STEP_TIME_S] >= report[m.FWD_BWD_S]
             assert report[m.NUM_NONFINITE] == 0
+            # CPU: no device-level figures; capacity is the cgroup limit or the RAM
+            assert report[m.ALLOCATED_PEAK_BYTES] is None is report[m.DEVICE_USED_PEAK_BYTES]
+            assert report[m.PEAK_MEM_BYTES] < report[m.MEMORY_CAPACITY_BYTES]
             assert torch.isfinite(torch.tensor(report[m.LOSS]))
             assert report[m.ENV_SEEN] == {"NCCL_SOCKET_NTHREADS": "4", "NCCL_UNSET_FOR_TEST": None}
             setup = dict(report[m.SETUP_S])

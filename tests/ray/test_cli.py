@@ -53,6 +53,11 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     info = json.loads((out / "run_info.json").read_text())
     assert info["backend"] == "gloo" and info["single_worker_samples_per_s"] > 0
     assert info["grad_bytes"] > 0
+    # the doctor's memory rule has a capacity; the topology is a worker's, not the driver's
+    assert info["memory_capacity_bytes"] > 0
+    assert info["topology"]["source"].startswith("a worker on node"), info["topology"]
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert all(int(r["memory_capacity_bytes"]) > 0 for r in rows if r["state"] == "complete")
     assert {r["op"] for r in csv.DictReader((out / "probe.csv").open())} == {
         "all_reduce", "all_gather", "reduce_scatter",
     }  # fmt: skip

@@ -1,0 +1,100 @@
+"""The step timer on a GPU worker, without a GPU: ``torch.cuda.synchronize`` is replaced by a
+counter, so what is checked is how often the timer makes the host wait for the device (issue 13,
+defect 7: a sync at every phase boundary held back the CPU and FSDP2's prefetch)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from train_fns.timing import StepTimer, peak_memory_bytes
+
+CUDA = torch.device("cuda")  # a device name only: nothing is placed on it
+GiB = 2**30
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+
+    def count() -> None:
+        calls[0] += 1
+
+    monkeypatch.setattr(torch.cuda, "synchronize", count)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (6 * GiB, 16 * GiB))
+    return calls
+
+
+def _step(timer: StepTimer, work_s: float, profiled: bool, accumulation: int = 2) -> None:
+    """A step as ``StepRunner.run_step`` times it: data, fwd_bwd (sync_micro inside the last
+    micro-step), optim."""
+    timer.start_step(profiled)
+    for micro in range(accumulation):
+        with timer.phase("data"):
+            pass
+        with timer.phase("fwd_bwd"):
+            if micro == accumulation - 1:
+                with timer.phase("sync_micro"):
+                    time.sleep(work_s)
+            else:
+                time.sleep(work_s)
+    with timer.phase("optim"):
+        pass
+    timer.end_step()
+
+
+def test_a_plain_cuda_step_syncs_once(syncs: list[int]) -> None:
+    timer = StepTimer(CUDA)
+    for _ in range(3):
+        before = syncs[0]
+        _step(timer, 0.0, profiled=False)
+        assert syncs[0] - before == 1
+
+
+def test_a_profiled_cuda_step_syncs_at_its_phase_boundaries(syncs: list[int]) -> None:
+    timer = StepTimer(CUDA)
+    _step(timer, 0.0, profiled=True, accumulation=2)
+    # start, end, and both ends of 2 data + 2 fwd_bwd + 1 sync_micro + 1 optim phases
+    assert syncs[0] == 2 + 2 * 6
+
+
+def test_the_headline_comes_from_plain_steps_and_the_split_from_the_profiled_one(
+    syncs: list[int],
+) -> None:
+    timer = StepTimer(CUDA)
+    for work_s in (0.004, 0.012, 0.008):
+        _step(timer, work_s, profiled=False)
+    _step(timer, 0.03, profiled=True)  # the profiled step: slower (its syncs), and measured
+    window = timer.take_window()
+    assert window["num_steps"] == 4
+    assert 0.016 <= window["total"] < 0.03  # the median plain step (2 x 8 ms of work)
+    assert window["fwd_bwd"] >= 0.06 and window["sync_micro"] >= 0.03  # the profiled step's
+    assert window["fwd_bwd"] >= window["sync_micro"] > 0 and window["data"] >= 0
+
+
+def test_on_cpu_every_step_is_profiled_and_the_window_is_its_median_step() -> None:
+    timer = StepTimer(torch.device("cpu"))
+    for work_s in (0.002, 0.01, 0.005):
+        _step(timer, work_s, profiled=False)  # nothing to wait for on CPU: phases kept anyway
+    window = timer.take_window()
+    assert 0.01 <= window["fwd_bwd"] < 0.02 and window["sync_micro"] >= 0.005
+    parts = window["data"] + window["fwd_bwd"] + window["optim"]
+    assert parts == pytest.approx(window["total"], rel=0.2)
+
+
+def test_the_peak_counts_the_devices_used_memory_beside_torchs(
+    syncs: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL's buffers are not torch allocations: the GPU's used memory (total - free, sampled
+    at step ends) is the peak when it is the larger (issue 13, defect 10)."""
+    timer = StepTimer(CUDA)
+    for free in (6, 2, 5):  # 10, 14, 11 GiB in use at the steps' ends
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None, f=free: (f * GiB, 16 * GiB))
+        _step(timer, 0.0, profiled=False)
+    assert timer.device_used_peak == 14 * GiB
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 9 * GiB)
+    assert peak_memory_bytes(CUDA, timer.device_used_peak) == 14 * GiB
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 15 * GiB)
+    assert peak_memory_bytes(CUDA, timer.device_used_peak) == 15 * GiB
