@@ -74,20 +74,51 @@ def torch_trainer(spec: GroupSpec) -> Any:
 
 
 class Fit:
-    """``trainer.fit()`` running in a daemon thread; ``error`` holds what it raised."""
+    """``trainer.fit()`` running in a daemon thread; ``error`` holds what it raised.
 
-    def __init__(self, trainer: Any) -> None:
+    ``owned``: the fit runs in a Ray task of its own (on this node) that owns the Train
+    controller, so ``end()`` can end the whole group: killing the task ends the controller and,
+    by Ray's ownership, its workers, frozen ones included (a frozen process cannot end itself).
+    A Tune trial needs no such owner: Tune ends the trial's actor, which owns its group.
+    """
+
+    def __init__(
+        self, trainer: Any, owned: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.error: BaseException | None = None
         self.done = threading.Event()
-        threading.Thread(target=self._fit, args=(trainer,), daemon=True).start()
+        self.ref: Any = None
+        """The owning task (``owned`` only)."""
+        run = self._owned(trainer, env or {}) if owned else trainer.fit
+        threading.Thread(target=self._fit, args=(run,), daemon=True).start()
 
-    def _fit(self, trainer: Any) -> None:
+    def _owned(self, trainer: Any, env: dict[str, str]) -> Callable[[], Any]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        task = ray.remote(_fit_trainer).options(
+            num_cpus=0, max_retries=0, scheduling_strategy=here,
+            runtime_env={"env_vars": env} if env else None,
+        )  # fmt: skip
+        self.ref = task.remote(trainer)
+        return lambda: ray.get(self.ref)
+
+    def _fit(self, run: Callable[[], Any]) -> None:
         try:
-            trainer.fit()
+            run()
         except BaseException as e:  # handed to the caller through ``error``, never lost
-            self.error = e
+            self.error = getattr(e, "cause", None) or e  # a task's error: what fit() raised
         finally:
             self.done.set()
+
+    def end(self, wait_s: float = 30.0) -> bool:
+        """End an owned group now (its controller and workers); True once the fit returned."""
+        import ray
+
+        if self.ref is not None and not self.done.is_set():
+            ray.cancel(self.ref, force=True, recursive=True)
+        return self.done.wait(wait_s)
 
     def drain(
         self,
@@ -106,6 +137,11 @@ class Fit:
             if not self.done.is_set() and stop():
                 return False
         return True
+
+
+def _fit_trainer(trainer: Any) -> None:
+    """An owned fit's task body (module level: Ray ships it by reference)."""
+    trainer.fit()
 
 
 def say(line: str) -> None:

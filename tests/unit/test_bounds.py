@@ -110,3 +110,33 @@ def test_a_training_run_heartbeat_says_what_it_waits_on(tmp_path) -> None:
     log.world, log.last_step = 2, 40
     assert waiting_line(log, 31.0, 2) == "training: step 40/100, nothing new for 31 s"
     log.close()
+
+
+def test_a_training_run_is_bounded_from_each_start_and_each_report() -> None:
+    from orchestrator.train.run import START as T_START
+    from orchestrator.train.run import STEP, Watch
+
+    now = [0.0]
+    watch = Watch(60.0, clock=lambda: now[0])
+    now[0] = 60.0
+    assert watch.overrun() is None and watch.phase == T_START
+    now[0] = 61.0
+    why = watch.overrun()
+    assert why and why.startswith("hang in phase start") and "stall_timeout_s=60s" in why
+    watch.take({"report": {}})  # a step reported: the clock starts again, phase step
+    now[0] = 120.0
+    assert watch.overrun() is None and watch.phase == STEP and watch.silent_s() == 59.0
+    now[0] = 121.5
+    assert "hang in phase step" in watch.overrun() and "of the last report" in watch.overrun()
+    watch.take({"failure": {0: "died"}})  # a restart follows: its start is bounded again
+    now[0] = 150.0
+    assert watch.overrun() is None and watch.phase == T_START
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "1e12"])
+def test_a_bad_training_bound_exits_2_before_ray(bad: str, capsys) -> None:
+    from orchestrator.train.cli import main
+
+    assert main(["--preset", "smoke", "--set", f"train.stall_timeout_s={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.stall_timeout_s" in err[0], err
