@@ -89,6 +89,8 @@ class Fit:
         self.done = threading.Event()
         self.ref: Any = None
         """The owning task (``owned`` only)."""
+        self.placement_before = live_placement_groups()
+        """Placement groups that existed before this group (``release`` leaves them)."""
         run = self._owned(trainer, env or {}) if owned else trainer.fit
         threading.Thread(target=self._fit, args=(run,), daemon=True).start()
 
@@ -137,6 +139,29 @@ class Fit:
             if not self.done.is_set() and stop():
                 return False
         return True
+
+
+    def release(self) -> list[str]:
+        """Remove the placement groups made since this group began (its own, when no other
+        group starts meanwhile: one group at a time). Ray Train frees a group's placement
+        group when its controller dies only once the group has started; one ended while it
+        started would hold its CPUs (or GPUs) until the driver exits, and the next group
+        could never start. Removing it also ends the actors placed in it. Returns the ids."""
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        new = sorted(live_placement_groups() - self.placement_before)
+        for pg in new:
+            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg)))
+        return new
+
+
+def live_placement_groups() -> set[str]:
+    """Ids of the cluster's placement groups not yet removed."""
+    import ray
+
+    table = ray.util.placement_group_table()
+    return {pg for pg, info in table.items() if info.get("state") != "REMOVED"}
 
 
 def _fit_trainer(trainer: Any) -> None:

@@ -11,7 +11,9 @@ the group's start (until every rank said it is ready) by ``search.start_timeout_
 configuration by ``search.trial_timeout_s``. One that runs past its bound is a ``hang`` with
 its phase and ends the group: in a search trial, the trial returns, Tune ends its actor and
 Ray's ownership ends the controller and the workers; on the driver (re-measurement, scaling:
-``owned``), the task that owns the group is killed, with the same effect. Whatever the group
+``owned``), the task that owns the group is killed, with the same effect. Its placement
+group is removed as well (``Fit.release``): Ray Train leaves it behind when a group ends
+while it starts, and the next group would wait for its resources. Whatever the group
 did not reach is returned as None: the caller re-queues it. While it waits, a heartbeat line
 says what it waits on.
 """
@@ -111,6 +113,8 @@ class GroupRun:
             take = lambda item: self._take(item, emit)  # noqa: E731
             if not fit.drain(reports, take, stop=lambda: self._late(emit)):
                 fit.end()  # owned: its workers are gone on return (else: the trial's end)
+                if self.owned or self.ctx.config.search.concurrency == 1:
+                    fit.release()  # its resources too, though it never finished starting
                 return self.outcomes  # a configuration overran its bound
         finally:
             if fit.done.is_set():  # a group ended early may still send: its queues go with it

@@ -148,6 +148,7 @@ def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int,
         return None
     print(f"training: {stalled[0]}", flush=True)
     fit.end()
+    fit.release()
     return stalled[0]
 
 
