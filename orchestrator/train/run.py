@@ -98,12 +98,16 @@ def waiting_line(log: RunLog, silent_s: float, workers: int) -> str:
 
 
 class Watch:
-    """The driver's bound on a training run: since the group's (re)start (phase ``start``)
-    or its last report (phase ``step``), nothing for ``bound_s`` is a stall. A failure
-    notice means a restart follows: the clock starts again in phase ``start``."""
+    """The driver's bounds on a training run: from the group's (re)start to its first report
+    (phase ``start``), and from each report to the next (phase ``step``). A failure notice
+    means a restart follows: the clock starts again in phase ``start``."""
 
-    def __init__(self, bound_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.bound_s, self.clock = bound_s, clock
+    def __init__(
+        self, start_s: float, step_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.bounds = {START: ("train.first_report_timeout_s", start_s),
+                       STEP: ("train.stall_timeout_s", step_s)}  # fmt: skip
+        self.clock = clock
         self.phase, self.since = START, clock()
 
     def take(self, item: dict[str, Any]) -> None:
@@ -114,13 +118,14 @@ class Watch:
         return self.clock() - self.since
 
     def overrun(self) -> str | None:
-        """The reason the run is ended, once the bound is overrun (None: not yet)."""
-        if self.silent_s() <= self.bound_s:
+        """The reason the run is ended, once its phase's bound is overrun (None: not yet)."""
+        key, bound_s = self.bounds[self.phase]
+        if self.silent_s() <= bound_s:
             return None
         what = "of the worker group's start" if self.phase == START else "of the last report"
         return (
-            f"hang in phase {self.phase}: nothing reported within "
-            f"train.stall_timeout_s={self.bound_s:g}s {what}; the worker group was ended"
+            f"hang in phase {self.phase}: nothing reported within {key}={bound_s:g}s {what}; "
+            "the worker group was ended"
         )
 
 
@@ -173,7 +178,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         # owned: a stall ends the group; the variable is read by Ray Train where fit() runs
         ray_env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(config.train.start_timeout_s)}
         fit = Fit(trainer, owned=True, env=ray_env)
-        watch = Watch(config.train.stall_timeout_s)
+        watch = Watch(config.train.first_report_timeout_s, config.train.stall_timeout_s)
         error = drain(fit, reports, log, config.search.heartbeat_s, high, watch)
         if error is None and fit.error is not None:
             error = f"{type(fit.error).__name__}: {fit.error}"[-2000:]

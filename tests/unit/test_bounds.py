@@ -117,26 +117,28 @@ def test_a_training_run_is_bounded_from_each_start_and_each_report() -> None:
     from orchestrator.train.run import STEP, Watch
 
     now = [0.0]
-    watch = Watch(60.0, clock=lambda: now[0])
-    now[0] = 60.0
+    watch = Watch(90.0, 60.0, clock=lambda: now[0])
+    now[0] = 90.0
     assert watch.overrun() is None and watch.phase == T_START
-    now[0] = 61.0
+    now[0] = 91.0
     why = watch.overrun()
-    assert why and why.startswith("hang in phase start") and "stall_timeout_s=60s" in why
+    assert why and why.startswith("hang in phase start") and "first_report_timeout_s=90s" in why
     watch.take({"report": {}})  # a step reported: the clock starts again, phase step
-    now[0] = 120.0
-    assert watch.overrun() is None and watch.phase == STEP and watch.silent_s() == 59.0
-    now[0] = 121.5
-    assert "hang in phase step" in watch.overrun() and "of the last report" in watch.overrun()
+    now[0] = 151.0
+    assert watch.overrun() is None and watch.phase == STEP and watch.silent_s() == 60.0
+    now[0] = 152.5
+    why = watch.overrun()
+    assert "hang in phase step" in why and "stall_timeout_s=60s of the last report" in why
     watch.take({"failure": {0: "died"}})  # a restart follows: its start is bounded again
-    now[0] = 150.0
+    now[0] = 222.0
     assert watch.overrun() is None and watch.phase == T_START
 
 
+@pytest.mark.parametrize("key", ["train.stall_timeout_s", "train.first_report_timeout_s"])
 @pytest.mark.parametrize("bad", ["0", "-1", "nan", "1e12"])
-def test_a_bad_training_bound_exits_2_before_ray(bad: str, capsys) -> None:
+def test_a_bad_training_bound_exits_2_before_ray(key: str, bad: str, capsys) -> None:
     from orchestrator.train.cli import main
 
-    assert main(["--preset", "smoke", "--set", f"train.stall_timeout_s={bad}"]) == 2
+    assert main(["--preset", "smoke", "--set", f"{key}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "train.stall_timeout_s" in err[0], err
+    assert len(err) == 1 and key in err[0], err
