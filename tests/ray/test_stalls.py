@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 from _stalls import Command, report
 
-START_TIMEOUT_S, HEARTBEAT_S = 60, 5
-"""Generous enough for a worker group to start on a loaded 2-core machine (20 s was not)."""
+START_TIMEOUT_S, HEARTBEAT_S = 120, 5
+"""Generous enough for trial 0's worker group to start on a loaded 2-core machine (20 s and
+60 s were not, beside other users' tests); the frozen group of (a) overruns it."""
+PATIENT_START_S = 300
+"""The start bound where the start is not what is tested."""
 TRIAL_TIMEOUT_S = 60
 """Below the smoke preset's step_deadline_s (60 s after the last step, in the live rank):
 the driver's bound is what ends a frozen configuration here."""
@@ -23,7 +26,7 @@ the driver's bound is what ends a frozen configuration here."""
 
 def _search(out: Path, *sets: str) -> Command:
     """The smoke search with the given ``--set`` values on top of short bounds."""
-    base = [f"search.start_timeout_s={START_TIMEOUT_S}", f"search.heartbeat_s={HEARTBEAT_S}",
+    base = [f"search.start_timeout_s={PATIENT_START_S}", f"search.heartbeat_s={HEARTBEAT_S}",
             f"search.trial_timeout_s={TRIAL_TIMEOUT_S}", "search.prune=false"]  # fmt: skip
     args = ["--preset", "smoke", "--out", str(out), "--trials", "3"]
     for value in [*base, *sets]:
@@ -47,7 +50,8 @@ def _rows(out: Path) -> dict[int, dict[str, str]]:
 def test_a_worker_frozen_while_its_group_starts_is_a_hang_in_phase_start(tmp_path: Path) -> None:
     out = tmp_path / "stall"
     search = _search(out, "search.warm=false", "search.remeasure_top=0",
-                     "search.scaling_baseline=false", "search.trial_timeout_s=600")  # fmt: skip
+                     "search.scaling_baseline=false", "search.trial_timeout_s=600",
+                     f"search.start_timeout_s={START_TIMEOUT_S}")  # fmt: skip
     try:
         _baseline_completed(search)  # its workers are all up: a new one is trial 1's
         frozen, stopped_at = search.freeze_new_worker(search.workers())
@@ -96,7 +100,8 @@ def test_c_frozen_scaling_and_remeasure_groups_are_ended(tmp_path: Path) -> None
     """A frozen 1-worker scaling group is a hang and is killed before the re-measurement
     starts (not left until the search ends); a frozen re-measurement run is a hang too."""
     out = tmp_path / "stall"
-    search = _search(out, "search.remeasure_top=1", "search.remeasure_repeats=0")
+    search = _search(out, "search.remeasure_top=1", "search.remeasure_repeats=0",
+                     f"search.start_timeout_s={START_TIMEOUT_S}")  # frozen as it starts
     try:
         after, _ = search.first("scaling: measuring the baseline on 1 worker", timeout_s=500)
         scaling, scaling_at = search.freeze_new_worker(search.workers())
