@@ -89,7 +89,7 @@ class Fit:
         self.done = threading.Event()
         self.ref: Any = None
         """The owning task (``owned`` only)."""
-        self.placement_before = live_placement_groups()
+        self.placement_before = job_placement_groups()
         """Placement groups that existed before this group (``release`` leaves them)."""
         run = self._owned(trainer, env or {}) if owned else trainer.fit
         threading.Thread(target=self._fit, args=(run,), daemon=True).start()
@@ -140,28 +140,39 @@ class Fit:
                 return False
         return True
 
-
     def release(self) -> list[str]:
-        """Remove the placement groups made since this group began (its own, when no other
-        group starts meanwhile: one group at a time). Ray Train frees a group's placement
-        group when its controller dies only once the group has started; one ended while it
-        started would hold its CPUs (or GPUs) until the driver exits, and the next group
-        could never start. Removing it also ends the actors placed in it. Returns the ids."""
+        """Remove the placement groups this job made since this group began (its own, when
+        no other group of the job starts meanwhile: one group at a time). Ray Train frees a
+        group's placement group when its controller dies only once the group has started; one
+        ended while it started would hold its CPUs (or GPUs) until the driver exits, and the
+        next group could never start. Removing it also ends the actors placed in it. Returns
+        the ids (none when the state API cannot say: then nothing is removed)."""
         from ray._raylet import PlacementGroupID
         from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-        new = sorted(live_placement_groups() - self.placement_before)
+        now = job_placement_groups()
+        if now is None or self.placement_before is None:
+            return []
+        new = sorted(now - self.placement_before)
         for pg in new:
             remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg)))
         return new
 
 
-def live_placement_groups() -> set[str]:
-    """Ids of the cluster's placement groups not yet removed."""
+def job_placement_groups() -> set[str] | None:
+    """Ids of this job's placement groups not yet removed (another user's on a shared
+    cluster are never counted); None when Ray's state API does not answer."""
     import ray
+    from ray.util.state import list_placement_groups
 
-    table = ray.util.placement_group_table()
-    return {pg for pg, info in table.items() if info.get("state") != "REMOVED"}
+    job = ray.get_runtime_context().get_job_id()
+    try:
+        rows = list_placement_groups(
+            filters=[("creator_job_id", "=", job)], limit=10_000, raise_on_missing_output=False
+        )
+    except Exception:  # no dashboard (its state API): leave placement groups to Ray
+        return None
+    return {row.placement_group_id for row in rows if row.state != "REMOVED"}
 
 
 def _fit_trainer(trainer: Any) -> None:
