@@ -85,6 +85,7 @@ def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     assert len(_rows(out)) == len(rows)
 
 
+@pytest.mark.slow  # 179 s on a loaded 2-core machine
 def test_ctrl_c_leaves_no_open_trial_in_the_study(tmp_path: Path) -> None:
     out = tmp_path / "sigint"
     args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
