@@ -68,6 +68,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "train.adaptive_window": (1, 1_000_000),
     "train.resize_check_s": (0.1, float(_DAY_S)),
     "train.start_timeout_s": (1.0, float(_DAY_S)),
+    "train.first_report_timeout_s": (1.0, 7.0 * _DAY_S),
+    "train.stall_timeout_s": (1.0, 7.0 * _DAY_S),
     "train.grad_norm_every": (1, _MAX_STEPS),
     "train.log_every": (1, _MAX_STEPS),
 }
@@ -233,6 +235,14 @@ class TrainConfig:
     start_timeout_s: float = 30.0
     """A worker group that cannot start in this long is retried at the size the cluster has
     now (after a node loss Ray first asks for the old size: Ray's default is 60 s)."""
+    first_report_timeout_s: float = 900.0
+    """Watched from the driver (a frozen worker cannot run its own watchdog): a worker group
+    with no report this long after its start or restart (phase ``start``: processes, imports,
+    process group, model, the first ``log_every`` steps) ends the run, its workers killed
+    (exit 1; ``--resume`` continues). Above ``start_timeout_s``: Ray's own retries fit in."""
+    stall_timeout_s: float = 900.0
+    """The same once it reported: nothing for this long after its last report (phase
+    ``step``) ends the run."""
     grad_norm_every: int = 10
     log_every: int = 10
 

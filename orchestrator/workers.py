@@ -74,20 +74,53 @@ def torch_trainer(spec: GroupSpec) -> Any:
 
 
 class Fit:
-    """``trainer.fit()`` running in a daemon thread; ``error`` holds what it raised."""
+    """``trainer.fit()`` running in a daemon thread; ``error`` holds what it raised.
 
-    def __init__(self, trainer: Any) -> None:
+    ``owned``: the fit runs in a Ray task of its own (on this node) that owns the Train
+    controller, so ``end()`` can end the whole group: killing the task ends the controller and,
+    by Ray's ownership, its workers, frozen ones included (a frozen process cannot end itself).
+    A Tune trial needs no such owner: Tune ends the trial's actor, which owns its group.
+    """
+
+    def __init__(
+        self, trainer: Any, owned: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.error: BaseException | None = None
         self.done = threading.Event()
-        threading.Thread(target=self._fit, args=(trainer,), daemon=True).start()
+        self.ref: Any = None
+        """The owning task (``owned`` only)."""
+        self.placement_before = job_placement_groups()
+        """Placement groups that existed before this group (``release`` leaves them)."""
+        run = self._owned(trainer, env or {}) if owned else trainer.fit
+        threading.Thread(target=self._fit, args=(run,), daemon=True).start()
 
-    def _fit(self, trainer: Any) -> None:
+    def _owned(self, trainer: Any, env: dict[str, str]) -> Callable[[], Any]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        task = ray.remote(_fit_trainer).options(
+            num_cpus=0, max_retries=0, scheduling_strategy=here,
+            runtime_env={"env_vars": env} if env else None,
+        )  # fmt: skip
+        self.ref = task.remote(trainer)
+        return lambda: ray.get(self.ref)
+
+    def _fit(self, run: Callable[[], Any]) -> None:
         try:
-            trainer.fit()
+            run()
         except BaseException as e:  # handed to the caller through ``error``, never lost
-            self.error = e
+            self.error = getattr(e, "cause", None) or e  # a task's error: what fit() raised
         finally:
             self.done.set()
+
+    def end(self, wait_s: float = 30.0) -> bool:
+        """End an owned group now (its controller and workers); True once the fit returned."""
+        import ray
+
+        if self.ref is not None and not self.done.is_set():
+            ray.cancel(self.ref, force=True, recursive=True)
+        return self.done.wait(wait_s)
 
     def drain(
         self,
@@ -106,6 +139,45 @@ class Fit:
             if not self.done.is_set() and stop():
                 return False
         return True
+
+    def release(self) -> list[str]:
+        """Remove the placement groups this job made since this group began (its own, when
+        no other group of the job starts meanwhile: one group at a time). Ray Train frees a
+        group's placement group when its controller dies only once the group has started; one
+        ended while it started would hold its CPUs (or GPUs) until the driver exits, and the
+        next group could never start. Removing it also ends the actors placed in it. Returns
+        the ids (none when the state API cannot say: then nothing is removed)."""
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        now = job_placement_groups()
+        if now is None or self.placement_before is None:
+            return []
+        new = sorted(now - self.placement_before)
+        for pg in new:
+            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg)))
+        return new
+
+
+def job_placement_groups() -> set[str] | None:
+    """Ids of this job's placement groups not yet removed (another user's on a shared
+    cluster are never counted); None when Ray's state API does not answer."""
+    import ray
+    from ray.util.state import list_placement_groups
+
+    job = ray.get_runtime_context().get_job_id()
+    try:
+        rows = list_placement_groups(
+            filters=[("creator_job_id", "=", job)], limit=10_000, raise_on_missing_output=False
+        )
+    except Exception:  # no dashboard (its state API): leave placement groups to Ray
+        return None
+    return {row.placement_group_id for row in rows if row.state != "REMOVED"}
+
+
+def _fit_trainer(trainer: Any) -> None:
+    """An owned fit's task body (module level: Ray ships it by reference)."""
+    trainer.fit()
 
 
 def say(line: str) -> None:

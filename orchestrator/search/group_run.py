@@ -9,9 +9,13 @@ source may choose it knowing every outcome so far.
 Every wait is bounded here, in the driver, since a frozen worker cannot run its own watchdog:
 the group's start (until every rank said it is ready) by ``search.start_timeout_s``, each
 configuration by ``search.trial_timeout_s``. One that runs past its bound is a ``hang`` with
-its phase and ends the group (the trial returns; Tune then ends its actor and Ray's ownership
-ends the controller and the workers). Whatever the group did not reach is returned as None: the
-caller re-queues it. While it waits, a heartbeat line says what it waits on.
+its phase and ends the group: in a search trial, the trial returns, Tune ends its actor and
+Ray's ownership ends the controller and the workers; on the driver (re-measurement, scaling:
+``owned``), the task that owns the group is killed, with the same effect. Its placement
+group is removed as well (``Fit.release``): Ray Train leaves it behind when a group ends
+while it starts, and the next group would wait for its resources. Whatever the group
+did not reach is returned as None: the caller re-queues it. While it waits, a heartbeat line
+says what it waits on.
 """
 
 from __future__ import annotations
@@ -71,11 +75,11 @@ class GroupRun:
 
     def __init__(
         self, ctx: Any, name: str, nodes: list[str] | None = None,
-        out: Callable[[str], Any] = say,
+        out: Callable[[str], Any] = say, owned: bool = False,
     ) -> None:  # fmt: skip
         self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
         shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
-        self.ctx, self.name, self.nodes = ctx, name, nodes
+        self.ctx, self.name, self.nodes, self.owned = ctx, name, nodes, owned
         self.plans: list[TrialPlan] = []
         self.outcomes: list[Outcome | None] = []
         self.ends: list[dict[int, dict]] = []
@@ -114,11 +118,14 @@ class GroupRun:
             reason = f"cluster.placement={self.ctx.config.cluster.placement}: {e}"
             self._finish(0, {m.STATE: m.ERROR, m.REASON: reason}, emit)
             return self.outcomes
-        fit = Fit(torch_trainer(spec))
+        fit = Fit(torch_trainer(spec), owned=self.owned)
         try:
             take = lambda item: self._take(item, emit)  # noqa: E731
             if not fit.drain(reports, take, stop=lambda: self._late(emit)):
-                return self.outcomes  # a configuration overran trial_timeout_s: group ended
+                fit.end()  # owned: its workers are gone on return (else: the trial's end)
+                if self.owned or self.ctx.config.search.concurrency == 1:
+                    fit.release()  # its resources too, though it never finished starting
+                return self.outcomes  # a configuration overran its bound
         finally:
             if fit.done.is_set():  # a group ended early may still send: its queues go with it
                 reports.shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
+INTERRUPTED_WHY = "the search was stopped (Ctrl-C) before this trial ended; --resume runs it"
 
 
 def search_context(config: Config, use_gpu: bool) -> SearchContext:
@@ -159,7 +161,16 @@ def _tune(
         flush=True,
     )
     started = time.monotonic()
-    build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+    # Ctrl-C raises here rather than Tune's graceful stop, which would go on to re-measure.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    try:
+        build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+    except KeyboardInterrupt:
+        closed = study.close_interrupted(the_study, INTERRUPTED_WHY)
+        if closed:
+            shown = ", ".join(map(str, closed))
+            print(f"interrupted: trial(s) {shown} recorded as interrupted", flush=True)
+        raise
     add_search_wall(out, time.monotonic() - started)
     return True
 

@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.config import SAMPLERS
 from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, rank_candidates
-from orchestrator.search.study import INTERRUPTED
+from orchestrator.search.study import INTERRUPTED, queued_params
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
 from train_fns import metrics as m
 
@@ -87,11 +87,6 @@ def _counted(trials: list[FrozenTrial]) -> int:
     )
 
 
-def _queued_params(trial: FrozenTrial) -> dict[str, Any]:
-    """A waiting trial has no params yet, only the fixed ones it was enqueued with."""
-    return {**trial.system_attrs.get("fixed_params", {}), **trial.params}
-
-
 def _thin(points: list[dict[str, Any]], knob: str) -> list[dict[str, Any]]:
     """Keep a long int range's powers of two and ends: a sweep stays short, and the
     throughput of thread and socket counts changes on a log scale."""
@@ -138,7 +133,7 @@ class Proposer:
         trials = study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in trials):
             return 0
-        seen = {_key(_queued_params(t)) for t in trials}
+        seen = {_key(queued_params(t)) for t in trials}
         batch = self._next(trials, self._fresh_filter(seen))
         # Never queue past the budget: what is queued and never run would stay WAITING in the
         # study (optuna-dashboard shows it as pending work) after the search ends.

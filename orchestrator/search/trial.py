@@ -193,7 +193,8 @@ def measure_plans(
     on_outcome: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure plans outside the search (re-measurement, scaling), in order: consecutive plans
-    with the same environment share a worker group; one not reached is an ``error``.
+    with the same environment share a worker group; one not reached is an ``error``. A group
+    that overruns a bound is ended (its workers killed) before the next one starts.
     ``on_outcome(position, outcome)`` is called as each one ends."""
     outcomes: list[dict[str, Any]] = []
     for _, run in itertools.groupby(items, key=lambda item: item[1]):
@@ -204,7 +205,7 @@ def measure_plans(
             if on_outcome is not None:
                 on_outcome(first + index, outcome)
 
-        group = GroupRun(ctx, name=f"{name}_{first:02d}")
+        group = GroupRun(ctx, name=f"{name}_{first:02d}", owned=True)  # a hang ends its workers
         for outcome in group.run(iter(run), emit) + [None] * (len(run) - len(group.plans)):
             outcomes.append(outcome or {m.STATE: m.ERROR, m.REASON: "not reached: the group ended"})
     return outcomes

@@ -29,10 +29,12 @@ from orchestrator.config import ConfigError
 from orchestrator.submit.jobs import (
     COMMANDS,
     DEFAULT_ADDRESS,
+    DEFAULT_HEARTBEAT_S,
     DEFAULT_RESULTS_ROOT,
     PROJECT_ROOT,
     TERMINAL,
     SubmitError,
+    check_heartbeat,
     client,
     describe,
     follow,
@@ -69,6 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     logs = sub.add_parser("logs", help="print the job's logs")
     logs.add_argument("job_id")
     logs.add_argument("--follow", action="store_true", help="stream until the job ends")
+    add_heartbeat(logs)
     fetch = sub.add_parser("fetch", help="copy the job's outputs (best.yaml and friends) here")
     fetch.add_argument("job_id")
     fetch.add_argument("--dest", help="local folder (default runs/<job id>)")
@@ -92,6 +95,7 @@ def add_job_parser(sub: argparse._SubParsersAction, name: str) -> None:
     s.add_argument(
         "--follow", action="store_true", help="stream the logs until the job ends; exit with it"
     )
+    add_heartbeat(s)
     s.add_argument(
         "--env",
         action="append",
@@ -118,7 +122,17 @@ def add_job_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
 
 
+def add_heartbeat(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--heartbeat-s", default=DEFAULT_HEARTBEAT_S, metavar="S",
+        help="with --follow: a line with the job's state after S seconds without a log line "
+        f"(default {DEFAULT_HEARTBEAT_S:g})",
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
+    if hasattr(args, "heartbeat_s"):
+        args.heartbeat_s = check_heartbeat(args.heartbeat_s)  # before anything is submitted
     if args.command == "pack":
         return pack(args.folder)
     if args.command in COMMANDS:
@@ -131,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "logs":
         if args.follow:
-            return follow(jobs, args.job_id)
+            return follow(jobs, args.job_id, args.heartbeat_s)
         print(jobs.get_job_logs(args.job_id), end="")
         return 0
     jobs.stop_job(args.job_id)

@@ -38,6 +38,8 @@ PACK_BEGIN, PACK_END = "--- commtune outputs begin ---", "--- commtune outputs e
 PACK_LIMIT_BYTES = 64 * 2**20
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 AGENT_WAIT_S = 60.0
+DEFAULT_HEARTBEAT_S = 30.0
+"""``--follow``: a line after this many seconds without a log line (``--heartbeat-s``)."""
 
 
 class SubmitError(Exception):
@@ -235,18 +237,15 @@ def _submit(args: argparse.Namespace, job_id: str, argv: list[str], out: str, st
         f"`python -m orchestrator.submit fetch {job_id}`",
         flush=True,
     )
-    return follow(jobs, job_id) if args.follow else 0
+    return follow(jobs, job_id, args.heartbeat_s) if args.follow else 0
 
 
-def follow(jobs, job_id: str) -> int:
-    """Stream the logs until the job ends; the exit code tells the job's outcome."""
-
-    async def tail() -> None:
-        async for chunk in jobs.tail_job_logs(job_id):
-            print(chunk, end="", flush=True)
-
+def follow(jobs, job_id: str, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> int:
+    """Stream the logs until the job ends; the exit code tells the job's outcome. After
+    ``heartbeat_s`` without a log line, a line says the job's state and age (a quiet job,
+    one waiting for resources and a lost stream look alike otherwise)."""
     try:
-        asyncio.run(tail())
+        asyncio.run(_tail(jobs, job_id, heartbeat_s))
     except KeyboardInterrupt:
         print(
             f"\nstopped following; the job goes on (stop it with "
@@ -255,6 +254,48 @@ def follow(jobs, job_id: str) -> int:
         )
         return 130
     return outcome(jobs, job_id)
+
+
+async def _tail(jobs, job_id: str, heartbeat_s: float) -> None:
+    """Print each chunk of the job's logs as it comes; a heartbeat line after each
+    ``heartbeat_s`` of silence. The pending read is never cancelled (that would end the
+    stream): it is waited on again."""
+    chunks = jobs.tail_job_logs(job_id).__aiter__()
+    silent_since = time.monotonic()
+    pending = asyncio.ensure_future(chunks.__anext__())
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=heartbeat_s)
+        if not done:
+            print(quiet_line(job_id, jobs.get_job_info(job_id), time.monotonic() - silent_since),
+                  flush=True)  # fmt: skip
+            continue
+        try:
+            chunk = pending.result()
+        except StopAsyncIteration:
+            return
+        print(chunk, end="", flush=True)
+        silent_since = time.monotonic()
+        pending = asyncio.ensure_future(chunks.__anext__())
+
+
+def quiet_line(job_id: str, info: Any, silent_s: float, now: float | None = None) -> str:
+    """A heartbeat line of ``--follow``: the job's state, how long it has run (from its
+    start time, in ms since the epoch), how long its logs were silent."""
+    started = getattr(info, "start_time", None)
+    age = f", {((now or time.time()) - started / 1000):.0f} s since it started" if started else ""
+    return f"job {job_id}: {info.status}{age}; no new log line for {silent_s:.0f} s"
+
+
+def check_heartbeat(text: str | float) -> float:
+    """``--heartbeat-s``: seconds, 1 to a day (checked before anything is submitted)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 86_400:  # nan fails too
+        raise SubmitError(f"--heartbeat-s: {text!r} is not a number of seconds from 1 to 86400; "
+                          "e.g. --heartbeat-s 30")  # fmt: skip
+    return value
 
 
 def settle(jobs, job_id: str, wait_s: float):

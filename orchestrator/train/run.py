@@ -9,8 +9,8 @@ and a new node grows it again; each start re-splits the global batch exactly
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,9 @@ from orchestrator.session import (
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
+
+START, STEP = "start", "step"
+"""Phases of a training run a stall is recorded in."""
 
 
 def worker_counts(config: Config) -> tuple[int, int]:
@@ -94,18 +97,64 @@ def waiting_line(log: RunLog, silent_s: float, workers: int) -> str:
     return f"training: step {log.last_step}/{log.steps}, nothing new for {silent_s:.0f} s"
 
 
-def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int) -> None:
+class Watch:
+    """The driver's bounds on a training run: from the group's (re)start to its first report
+    (phase ``start``), and from each report to the next (phase ``step``). A failure notice
+    means a restart follows: the clock starts again in phase ``start``."""
+
+    def __init__(
+        self, start_s: float, step_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.bounds = {START: ("train.first_report_timeout_s", start_s),
+                       STEP: ("train.stall_timeout_s", step_s)}  # fmt: skip
+        self.clock = clock
+        self.phase, self.since = START, clock()
+
+    def take(self, item: dict[str, Any]) -> None:
+        self.phase = START if "failure" in item else STEP
+        self.since = self.clock()
+
+    def silent_s(self) -> float:
+        return self.clock() - self.since
+
+    def overrun(self) -> str | None:
+        """The reason the run is ended, once its phase's bound is overrun (None: not yet)."""
+        key, bound_s = self.bounds[self.phase]
+        if self.silent_s() <= bound_s:
+            return None
+        what = "of the worker group's start" if self.phase == START else "of the last report"
+        return (
+            f"hang in phase {self.phase}: nothing reported within {key}={bound_s:g}s {what}; "
+            "the worker group was ended"
+        )
+
+
+def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int,
+          watch: Watch) -> str | None:  # fmt: skip
     """Log every report; after ``every_s`` without one, a heartbeat line (a restart, a slow
-    start or a stuck step is never silent)."""
-    beat, last = Heartbeat(every_s), [time.monotonic()]
+    start or a stuck step is never silent). Returns why the run was ended (a stall), or None
+    when it ended on its own."""
+    beat = Heartbeat(every_s)
+    stalled: list[str] = []
 
     def take(item: dict[str, Any]) -> None:
-        last[0] = time.monotonic()
+        watch.take(item)
         beat.quiet()
         log.take(item)
 
-    fit.drain(reports, take, stop=lambda: beat.beat(
-        lambda: waiting_line(log, time.monotonic() - last[0], workers)))  # fmt: skip
+    def stop() -> bool:
+        why = watch.overrun()
+        if why is not None:
+            stalled.append(why)
+            return True
+        return beat.beat(lambda: waiting_line(log, watch.silent_s(), workers))
+
+    if fit.drain(reports, take, stop=stop):
+        return None
+    print(f"training: {stalled[0]}", flush=True)
+    fit.end()
+    fit.release()
+    return stalled[0]
 
 
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
@@ -124,12 +173,15 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         reports = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),
                      alive_nodes=alive_nodes)  # fmt: skip
-        # Read by Ray Train on the driver and passed on to its controller.
-        os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(config.train.start_timeout_s)
         started = time.monotonic()
-        fit = Fit(torch_trainer(group_spec(config, spec, env, use_gpu, out, RunRelay(reports))))
-        drain(fit, reports, log, config.search.heartbeat_s, high)
-        error = None if fit.error is None else f"{type(fit.error).__name__}: {fit.error}"[-2000:]
+        trainer = torch_trainer(group_spec(config, spec, env, use_gpu, out, RunRelay(reports)))
+        # owned: a stall ends the group; the variable is read by Ray Train where fit() runs
+        ray_env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(config.train.start_timeout_s)}
+        fit = Fit(trainer, owned=True, env=ray_env)
+        watch = Watch(config.train.first_report_timeout_s, config.train.stall_timeout_s)
+        error = drain(fit, reports, log, config.search.heartbeat_s, high, watch)
+        if error is None and fit.error is not None:
+            error = f"{type(fit.error).__name__}: {fit.error}"[-2000:]
         summary = log.summary(time.monotonic() - started, error)
         log.close()
         return summary, log

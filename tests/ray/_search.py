@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -29,20 +31,41 @@ def cli(args: list[str], **kw) -> subprocess.CompletedProcess:
 def kill_during_second_trial(args: list[str], storage: str) -> float:
     """Start a search, SIGKILL its driver and its Ray session once trial 1 runs; return trial 0's
     throughput (what the resumed study must keep)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.search", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    first = _wait_for_second_trial(storage, proc)
+    proc, first = _start_until_second_trial(args, storage, subprocess.DEVNULL)
     session = os.path.realpath("/tmp/ray/session_latest")
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything in its session
     proc.wait()
     for pid in _ray_session_pids(os.path.basename(session)):  # what a node loss would take too
         os.kill(pid, signal.SIGKILL)
     return first
+
+
+def interrupt_during_second_trial(
+    args: list[str], storage: str, log: Path
+) -> tuple[int, list[int]]:
+    """Start a search (its stderr to ``log``) and press Ctrl-C (SIGINT to its process group)
+    once trial 1 runs: (exit code, the pids of its Ray session alive 10 s after it ended)."""
+    with log.open("w") as err:
+        proc, _ = _start_until_second_trial(args, storage, err)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    time.sleep(10)
+    sessions = glob.glob(f"/tmp/ray/session_*_{proc.pid}")  # the session this driver started
+    assert len(sessions) == 1, sessions
+    return proc.returncode, _ray_session_pids(os.path.basename(sessions[0]))
+
+
+def _start_until_second_trial(
+    args: list[str], storage: str, stderr: Any
+) -> tuple[subprocess.Popen, float]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.search", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+    )
+    return proc, _wait_for_second_trial(storage, proc)
 
 
 def _ray_session_pids(session: str) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from _search import FAST, kill_during_second_trial
+from _search import FAST, interrupt_during_second_trial, kill_during_second_trial
 from _search import cli as _cli
 
 DEADLINE_S = 15
@@ -83,6 +83,26 @@ def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     again = _cli([*args, "--resume"])
     assert again.returncode == 0 and "already has 3 of 3 trials" in again.stdout
     assert len(_rows(out)) == len(rows)
+
+
+@pytest.mark.slow  # 179 s on a loaded 2-core machine
+def test_ctrl_c_leaves_no_open_trial_in_the_study(tmp_path: Path) -> None:
+    out = tmp_path / "sigint"
+    args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
+    args += ["--set", "search.measure_steps=30"]  # the SIGINT lands in trial 1
+    storage = f"sqlite:///{out / 'study.db'}"
+    rc, left = interrupt_during_second_trial(args, storage, tmp_path / "stderr.txt")
+    err = (tmp_path / "stderr.txt").read_text()
+    assert rc == 1 and "interrupted; resume with --resume" in err, err[-3000:]
+    assert not left, "no process of its Ray session survives Ctrl-C"
+    study = optuna.load_study(study_name="smoke", storage=storage)
+    states = [t.state for t in study.trials]
+    assert states[0] == optuna.trial.TrialState.COMPLETE
+    open_states = {optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING}
+    assert not open_states & set(states), states
+    closed = [t for t in study.trials if t.user_attrs.get("state") == "interrupted"]
+    assert 1 in [t.number for t in closed], "trial 1, stopped mid-way, is interrupted"
+    assert all("Ctrl-C" in t.user_attrs["reason"] for t in closed)
 
 
 def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:

@@ -127,3 +127,54 @@ def test_a_training_run_heartbeat_says_what_it_waits_on(tmp_path) -> None:
     log.world, log.last_step = 2, 40
     assert waiting_line(log, 31.0, 2) == "training: step 40/100, nothing new for 31 s"
     log.close()
+
+
+def test_a_training_run_is_bounded_from_each_start_and_each_report() -> None:
+    from orchestrator.train.run import START as T_START
+    from orchestrator.train.run import STEP, Watch
+
+    now = [0.0]
+    watch = Watch(90.0, 60.0, clock=lambda: now[0])
+    now[0] = 90.0
+    assert watch.overrun() is None and watch.phase == T_START
+    now[0] = 91.0
+    why = watch.overrun()
+    assert why and why.startswith("hang in phase start") and "first_report_timeout_s=90s" in why
+    watch.take({"report": {}})  # a step reported: the clock starts again, phase step
+    now[0] = 151.0
+    assert watch.overrun() is None and watch.phase == STEP and watch.silent_s() == 60.0
+    now[0] = 152.5
+    why = watch.overrun()
+    assert "hang in phase step" in why and "stall_timeout_s=60s of the last report" in why
+    watch.take({"failure": {0: "died"}})  # a restart follows: its start is bounded again
+    now[0] = 222.0
+    assert watch.overrun() is None and watch.phase == T_START
+
+
+@pytest.mark.parametrize("key", ["train.stall_timeout_s", "train.first_report_timeout_s"])
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "1e12"])
+def test_a_bad_training_bound_exits_2_before_ray(key: str, bad: str, capsys) -> None:
+    from orchestrator.train.cli import main
+
+    assert main(["--preset", "smoke", "--set", f"{key}={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0], err
+
+
+def test_release_removes_only_the_placement_groups_made_since_the_group_began(
+    monkeypatch,
+) -> None:
+    import importlib
+
+    from orchestrator import workers
+
+    pgs = importlib.import_module("ray.util.placement_group")  # the module, not its function
+    removed: list[str] = []
+    monkeypatch.setattr(pgs, "remove_placement_group", lambda pg: removed.append(pg.id.hex()))
+    old, new = "aa" * 18, "bb" * 18  # 18-byte placement group ids
+    fit = workers.Fit.__new__(workers.Fit)
+    fit.placement_before = {old}
+    monkeypatch.setattr(workers, "job_placement_groups", lambda: {old, new})
+    assert fit.release() == [new] and removed == [new]
+    monkeypatch.setattr(workers, "job_placement_groups", lambda: None)  # no state API
+    assert fit.release() == [] and removed == [new]

@@ -8,7 +8,12 @@ import pytest
 from orchestrator.search.finalists import finalists, interleave
 from orchestrator.search.outcome import MIN_NOISE, prune_threshold
 from orchestrator.search.results import TrialRecord, baseline_record
-from orchestrator.search.study import INTERRUPTED, counted, requeue_interrupted
+from orchestrator.search.study import (
+    INTERRUPTED,
+    close_interrupted,
+    counted,
+    requeue_interrupted,
+)
 from orchestrator.verdict import Run, judge
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
@@ -88,6 +93,26 @@ def test_interrupted_trials_are_requeued_not_counted(tmp_path) -> None:
     assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs[m.STATE] == INTERRUPTED
     again = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
     assert again.params == running.params, "its params run again"
+
+
+def test_a_stopped_search_leaves_no_open_trial_and_resume_queues_them_once(tmp_path) -> None:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    x = {"x": optuna.distributions.IntDistribution(0, 9)}
+    study.tell(study.ask(x), 1.0)
+    running = study.ask(x)
+    study.enqueue_trial({"x": 7})  # a seed queued, never run
+    assert close_interrupted(study, "stopped") == [running.number, running.number + 1]
+    open_states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    assert not study.get_trials(states=open_states)
+    for t in study.trials[1:]:
+        assert t.state == optuna.trial.TrialState.FAIL
+        assert (t.user_attrs[m.STATE], t.user_attrs[m.REASON]) == (INTERRUPTED, "stopped")
+    assert counted(study) == 1
+    assert requeue_interrupted(study) == [1, 2]
+    assert requeue_interrupted(study) == [], "a second resume does not queue them again"
+    again = [study.ask(x).params for _ in range(2)]
+    assert again == [running.params, {"x": 7}]
 
 
 def test_storage_urls_and_journal_files(tmp_path) -> None:

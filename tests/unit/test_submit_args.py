@@ -284,3 +284,52 @@ def test_a_token_file_others_can_read_is_warned_about(
     token.chmod(0o600)
     jobs.find_token(str(token))
     assert capsys.readouterr().err == ""
+
+
+class _QuietJob:
+    """A Jobs client whose job logs one line, stays silent for ``silent_s``, logs another."""
+
+    def __init__(self, silent_s: float) -> None:
+        self.silent_s = silent_s
+
+    async def tail_job_logs(self, job_id: str):
+        import asyncio
+
+        yield "first line\n"
+        await asyncio.sleep(self.silent_s)
+        yield "last line\n"
+
+    def get_job_info(self, job_id: str):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(status="SUCCEEDED", start_time=None, message="",
+                               driver_exit_code=0)  # fmt: skip
+
+
+def test_follow_says_the_jobs_state_after_a_silence_and_keeps_streaming(capsys) -> None:
+    assert jobs.follow(_QuietJob(silent_s=2.5), "job-1", heartbeat_s=1.0) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "first line" and "last line" in lines, lines
+    quiet = lines[1 : lines.index("last line")]
+    assert len(quiet) == 2 and all("job job-1: SUCCEEDED" in q for q in quiet), lines
+    assert "no new log line for 1 s" in quiet[0] and "for 2 s" in quiet[1]
+
+
+def test_a_talkative_job_has_no_heartbeat(capsys) -> None:
+    assert jobs.follow(_QuietJob(silent_s=0.1), "job-1", heartbeat_s=1.0) == 0
+    assert "no new log line" not in capsys.readouterr().out
+
+
+def test_the_quiet_line_says_how_long_the_job_has_run() -> None:
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(status="RUNNING", start_time=1_000_000)
+    line = jobs.quiet_line("j", info, silent_s=31.4, now=1_095.0)
+    assert line == "job j: RUNNING, 95 s since it started; no new log line for 31 s"
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "abc", "1e9"])
+def test_a_bad_heartbeat_is_refused_before_anything_is_submitted(bad: str, capsys) -> None:
+    assert cli.main(["search", "--preset", "smoke", "--follow", "--heartbeat-s", bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--heartbeat-s" in err[0] and repr(bad) in err[0], err

@@ -1,0 +1,118 @@
+"""Freezing a real worker from outside: a command run as a user runs it (stdout a pipe, each
+line timed) and the Ray Train workers it started (its own descendants only: the machine is
+shared, another user's workers are never touched)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid`` (the command's Ray session included), by pid: its args."""
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.strip().split(None, 2) for line in ps.splitlines()[1:]]
+    children: dict[int, list[tuple[int, str]]] = {}
+    for row in rows:
+        if len(row) == 3:
+            children.setdefault(int(row[1]), []).append((int(row[0]), row[2]))
+    found, todo = {}, [pid]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
+class Command:
+    """``python -m <module> <args>`` with stdout a pipe (not a terminal), each line timed."""
+
+    def __init__(self, module: str, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        self.lines: list[tuple[float, str]] = []
+        self.seen: set[int] = set()
+        """Every worker of this command ever seen: none may survive it."""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip()))
+
+    def workers(self) -> set[int]:
+        """Its live Ray Train workers (of its own Ray session)."""
+        found = {p for p, args in descendants(self.proc.pid).items() if "RayTrainWorker" in args}
+        self.seen |= found
+        return found
+
+    def first(self, text: str, timeout_s: float, after: float = 0.0) -> tuple[float, str]:
+        """The first line holding ``text`` (seen after ``after``), waiting up to ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        while True:
+            ended = self.proc.poll() is not None
+            time.sleep(0.5 if ended else 0.2)  # an ended command's reader may hold its last lines
+            found = next(((t, s) for t, s in self.lines if text in s and t >= after), None)
+            if found or ended or time.monotonic() > end:
+                break
+        if found:
+            return found
+        self.kill()
+        raise AssertionError(f"no line with {text!r}:\n" + self.text())
+
+    def freeze_new_worker(self, before: set[int], timeout_s: float = 120) -> tuple[int, float]:
+        """SIGSTOP a worker not in ``before`` as soon as one appears: (pid, when)."""
+        end = time.monotonic() + timeout_s
+        while not (new := self.workers() - before) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert new, "no new worker group appeared:\n" + self.text()
+        return self.freeze(min(new))
+
+    @staticmethod
+    def freeze(pid: int) -> tuple[int, float]:
+        os.kill(pid, signal.SIGSTOP)
+        return pid, time.monotonic()
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)[-6000:]
+
+    def kill(self) -> None:
+        """End it and whatever of it is left (a failed test must not leave a frozen worker)."""
+        left = descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for pid in set(left) | self.seen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def survivors(self) -> set[int]:
+        """Workers of this command still alive after it ended."""
+        alive = set()
+        for pid in self.seen:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":  # a zombie is gone, only not yet reaped
+                alive.add(pid)
+        return alive
+
+
+def report(what: str, seconds: float, line: str) -> None:
+    """Print the measured freeze-to-line time (``pytest -s`` shows it) and keep it in
+    $COMMTUNE_STALL_LOG if set."""
+    text = f"freeze {what} -> the user's line: {seconds:.1f} s ({line.strip()})"
+    print(text)
+    if os.environ.get("COMMTUNE_STALL_LOG"):
+        with open(os.environ["COMMTUNE_STALL_LOG"], "a") as f:
+            f.write(text + "\n")
