@@ -8,7 +8,13 @@ window). The older revision is checked out with ``git worktree`` into a temporar
 from there.
 
     python -m benchmarks.workload_contract                      # cpu-demo, 2 rounds (~6 min)
-    python -m benchmarks.workload_contract --rounds 3 --before e0dbb9a
+    python -m benchmarks.workload_contract --rounds 3 --before e0dbb9a --after 2ff7b2f
+
+Both trees must time a step alike for the ratio to be the contract's: later revisions take a
+window's step as its median step (before: each phase's median, summed) and build batches before
+the step's clock starts (before: inside it), so ``--after`` names a contract revision from before
+those changes (2ff7b2f has the first, not the second), and windows hold an odd number of steps
+(``search.measure_steps=15`` over 3 windows) so the median step is a real middle one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ BEFORE = "e0dbb9a"
 ONE_TRIAL = [
     *("--set", "search.trials=1", "--set", "search.remeasure_top=0"),
     *("--set", "search.scaling_baseline=false", "--set", "search.cost_model_seeds=0"),
+    *("--set", "search.measure_steps=15"),  # 5 steps a window: an odd count, a true median
 ]
 
 
@@ -44,26 +51,34 @@ def baseline_samples_per_s(tree: Path, preset: str, out: Path) -> float:
     return float(row["samples_per_s"])
 
 
+def _checkout(revision: str, where: Path) -> Path:
+    """A detached worktree of ``revision`` (removed by the caller)."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), revision], cwd=ROOT,
+                   check=True, capture_output=True)  # fmt: skip
+    return where
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-demo")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--before", default=BEFORE, help="git revision without the contract")
+    p.add_argument("--after", help="git revision with the contract (default: this tree)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="commtune-contract-") as tmp:
-        old = Path(tmp) / "before"
-        subprocess.run(["git", "worktree", "add", "--detach", str(old), args.before], cwd=ROOT,
-                       check=True, capture_output=True)  # fmt: skip
+        old = _checkout(args.before, Path(tmp) / "before")
+        new = ROOT if args.after is None else _checkout(args.after, Path(tmp) / "after")
         try:
             figures: dict[str, list[float]] = {"before": [], "contract": []}
             for r in range(args.rounds):  # alternate, so drift hits both alike
-                for name, tree in (("before", old), ("contract", ROOT)):
+                for name, tree in (("before", old), ("contract", new)):
                     value = baseline_samples_per_s(tree, args.preset, Path(tmp) / f"{name}{r}")
                     figures[name].append(value)
                     print(f"round {r + 1}: {name:8s} {value:8.2f} samples/s", flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT,
-                           capture_output=True)  # fmt: skip
+            for tree in {old, new} - {ROOT}:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                               capture_output=True)  # fmt: skip
     before, contract = (statistics.median(figures[k]) for k in ("before", "contract"))
     spread = max(statistics.pstdev(v) / statistics.fmean(v) for v in figures.values())
     print(f"{args.preset}: contract / before = {contract / before:.3f} (medians {contract:.2f} vs "
