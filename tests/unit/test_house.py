@@ -102,3 +102,12 @@ def test_a_command_never_imports_another_commands_internals() -> None:
             if len(d) > 2 and d[1] in commands and d[1] != own:
                 bad.setdefault(mod, []).append(dep)
     assert bad == {}
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """pytest imports test files by basename (no packages under tests/): two folders holding a
+    test_x.py stop the whole run at collection (seen: CI, session 5)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
