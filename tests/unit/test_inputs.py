@@ -37,6 +37,11 @@ def _bomb(section: str, prefix: str) -> str:
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
+    return make_files(tmp_path)
+
+
+def make_files(tmp_path: Path) -> Path:
+    """The bad files the cases name as ``{d}`` (benchmarks/bad_inputs.py builds them too)."""
     (tmp_path / "afile").write_text("x")
     (tmp_path / "deep.yaml").write_text("env: " + "[" * 50_000 + "]" * 50_000 + "\n")
     (tmp_path / "bomb-env.yaml").write_text(_bomb("env", "NCCL_"))
