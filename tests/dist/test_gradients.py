@@ -19,6 +19,7 @@ from train_fns.loop import build_runner
 from train_fns.models import build_model
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 from train_fns.strategies import sync_gradients
+from train_fns.workload import to_device
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def _local_gradients_under_no_sync(rank: int, plan: TrialPlan) -> dict[str, torc
     """Gradients after one micro-step with sync off: each rank's own, not the average."""
     runner, _ = build_runner(plan, rank, CPU)
     with sync_gradients(runner.model, plan, enabled=False):
-        runner.loss(runner.batch(0, 0)).backward()
+        runner.loss(to_device(runner.host_batch(0, 0), CPU)).backward()
     return full_gradients(runner.model)
 
 
