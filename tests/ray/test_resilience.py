@@ -26,6 +26,7 @@ def _train_workers() -> list[str]:
     ]
 
 
+@pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "faults"
     proc = _cli(
@@ -62,6 +63,7 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
     assert not _train_workers(), "no process of a trial survives the search"
 
 
+@pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
     out = tmp_path / "resume"
     # 30 measured steps: a trial takes seconds even in a warm group, so the kill lands in one
@@ -105,6 +107,7 @@ def test_ctrl_c_leaves_no_open_trial_in_the_study(tmp_path: Path) -> None:
     assert all("Ctrl-C" in t.user_attrs["reason"] for t in closed)
 
 
+@pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
     out = tmp_path / "budget"
     proc = _cli([*FAST, "--out", str(out), "--trials", "20", "--time-budget", "0.05"])

@@ -48,6 +48,7 @@ def _context(spaces: list[str], backend: str, tmp_path: Path, sets: tuple = ()) 
     )
 
 
+@pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_warm_group_ranks_configurations_as_fresh_workers_do(
     ray_local: None, tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     return out, proc
 
 
+@pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
     out, proc = searched
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
