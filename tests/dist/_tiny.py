@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -21,6 +22,22 @@ TINY_BERT = {
 }
 GLOBAL_BATCH = 8
 CPU = torch.device("cpu")
+
+
+def guard_figures(rank: int, world_size: int, plans: dict[str, dict], nodes: int = 1) -> dict:
+    """Each plan's correctness-guard figures (``train_fns.guard``) as a trial records them,
+    on ``nodes`` pretend nodes (LOCAL_WORLD_SIZE / LOCAL_RANK, as Ray Train sets them)."""
+    from train_fns import metrics as m
+    from train_fns.loop import run_training
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size // nodes)
+    os.environ["LOCAL_RANK"] = str(rank % (world_size // nodes))
+    out = {}
+    for name, plan in plans.items():
+        reports: list[dict] = []
+        run_training(TrialPlan.from_dict(plan), rank, world_size, CPU, reports.append)
+        out[name] = reports[0][m.GUARD]
+    return out
 
 
 def tiny_plan(world_size: int = 2, accumulation_steps: int = 1, **changes: object) -> TrialPlan:

@@ -10,11 +10,9 @@ import os
 
 import pytest
 from _spawn import run_distributed
-from _tiny import CPU, TINY_BERT, tiny_plan
+from _tiny import TINY_BERT, guard_figures, tiny_plan
 
 from orchestrator.search.correctness import LOSSY_TOLERANCES, TOLERANCES, check, guard_check
-from train_fns import metrics as m
-from train_fns.loop import run_training
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
 DROPOUT = {**TINY_BERT, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
@@ -81,20 +79,11 @@ def _plan(changes: dict) -> TrialPlan:
     return dataclasses.replace(tiny_plan(accumulation_steps=acc), **STEPS, **changes)
 
 
-def _guard_worker(rank: int, world_size: int, plans: dict[str, dict]) -> dict[str, dict]:
-    out = {}
-    for name, plan in plans.items():
-        reports: list[dict] = []
-        run_training(TrialPlan.from_dict(plan), rank, world_size, CPU, reports.append)
-        out[name] = reports[0][m.GUARD]
-    return out
-
-
 @pytest.fixture(scope="module")
 def figures() -> dict[str, dict]:
     every = {**KNOBS, **BF16, **LOSSY, **CORRUPT}
     plans = {name: _plan(c).to_dict() for name, c in every.items()}
-    by_rank = run_distributed(_guard_worker, plans, timeout_s=600.0)
+    by_rank = run_distributed(guard_figures, plans, timeout_s=600.0)
     assert by_rank[0] == by_rank[1]  # global figures: every rank agrees
     if os.environ.get("COMMTUNE_GUARD_FIGURES"):  # the measured numbers behind the tolerance
         with open(os.environ["COMMTUNE_GUARD_FIGURES"], "w") as f:

@@ -12,11 +12,10 @@ import os
 
 import pytest
 from _spawn import run_distributed
-from _tiny import CPU, GLOBAL_BATCH, tiny_plan
+from _tiny import CPU, GLOBAL_BATCH, guard_figures, tiny_plan
 
 from orchestrator.search.correctness import check
-from train_fns import metrics as m
-from train_fns.loop import build_runner, run_training
+from train_fns.loop import build_runner
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 from train_fns.strategies import SYNC_BUFFERS_ARG
 
@@ -76,18 +75,6 @@ def _applied_worker(rank: int, world_size: int, plans: dict, nodes: int) -> dict
     return out
 
 
-def _figures_worker(rank: int, world_size: int, plans: dict, nodes: int) -> dict:
-    """The guard's figures of each plan (``train_fns.guard``), as a trial records them."""
-    os.environ["LOCAL_WORLD_SIZE"] = str(world_size // nodes)
-    os.environ["LOCAL_RANK"] = str(rank % (world_size // nodes))
-    out = {}
-    for name, plan in plans.items():
-        reports: list[dict] = []
-        run_training(TrialPlan.from_dict(plan), rank, world_size, CPU, reports.append)
-        out[name] = reports[0][m.GUARD]
-    return out
-
-
 def _plans(changes: dict, world_size: int) -> dict:
     return {
         name: dataclasses.replace(tiny_plan(world_size=world_size), **c).to_dict()
@@ -139,6 +126,6 @@ def test_hsdp_and_integer_reshard_pass_the_guard() -> None:
     order (the 2-rank knobs are in test_guard.py)."""
     steps = {"warmup_steps": 3, "measure_steps": 1, "num_windows": 1}
     plans = {name: {**plan, **steps} for name, plan in _plans({"ddp": {}, **FOUR}, 4).items()}
-    figures = run_distributed(_figures_worker, plans, 2, world_size=4, timeout_s=300.0)[0]
+    figures = run_distributed(guard_figures, plans, 2, world_size=4, timeout_s=300.0)[0]
     for name in FOUR:
         assert check(figures["ddp"], figures[name]) is None, name
