@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.reclaim import WAIT_S, Reclaimed, reclaim, snapshot
 from orchestrator.session import backend_name
 
 POLL_S = 0.5
@@ -79,7 +80,9 @@ class Fit:
     ``owned``: the fit runs in a Ray task of its own (on this node) that owns the Train
     controller, so ``end()`` can end the whole group: killing the task ends the controller and,
     by Ray's ownership, its workers, frozen ones included (a frozen process cannot end itself).
-    A Tune trial needs no such owner: Tune ends the trial's actor, which owns its group.
+    A Tune trial needs no such owner: ``release`` kills its controller and workers by their
+    processes (Tune ending the trial's actor, which owns the group, comes too late: the
+    controller retries a failed start with a new placement group meanwhile).
     """
 
     def __init__(
@@ -89,8 +92,9 @@ class Fit:
         self.done = threading.Event()
         self.ref: Any = None
         """The owning task (``owned`` only)."""
-        self.placement_before = job_placement_groups()
-        """Placement groups that existed before this group (``release`` leaves them)."""
+        self.before = snapshot()
+        """This job's placement groups and Train actors before this group (``release``
+        leaves them)."""
         run = self._owned(trainer, env or {}) if owned else trainer.fit
         threading.Thread(target=self._fit, args=(run,), daemon=True).start()
 
@@ -118,7 +122,9 @@ class Fit:
         """End an owned group now (its controller and workers); True once the fit returned."""
         import ray
 
-        if self.ref is not None and not self.done.is_set():
+        if self.ref is None:  # nothing of ours to end it: ``release`` does
+            return self.done.is_set()
+        if not self.done.is_set():
             ray.cancel(self.ref, force=True, recursive=True)
         return self.done.wait(wait_s)
 
@@ -140,39 +146,13 @@ class Fit:
                 return False
         return True
 
-    def release(self) -> list[str]:
-        """Remove the placement groups this job made since this group began (its own, when
-        no other group of the job starts meanwhile: one group at a time). Ray Train frees a
-        group's placement group when its controller dies only once the group has started; one
-        ended while it started would hold its CPUs (or GPUs) until the driver exits, and the
-        next group could never start. Removing it also ends the actors placed in it. Returns
-        the ids (none when the state API cannot say: then nothing is removed)."""
-        from ray._raylet import PlacementGroupID
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-        now = job_placement_groups()
-        if now is None or self.placement_before is None:
-            return []
-        new = sorted(now - self.placement_before)
-        for pg in new:
-            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg)))
-        return new
-
-
-def job_placement_groups() -> set[str] | None:
-    """Ids of this job's placement groups not yet removed (another user's on a shared
-    cluster are never counted); None when Ray's state API does not answer."""
-    import ray
-    from ray.util.state import list_placement_groups
-
-    job = ray.get_runtime_context().get_job_id()
-    try:
-        rows = list_placement_groups(
-            filters=[("creator_job_id", "=", job)], limit=10_000, raise_on_missing_output=False
-        )
-    except Exception:  # no dashboard (its state API): leave placement groups to Ray
-        return None
-    return {row.placement_group_id for row in rows if row.state != "REMOVED"}
+    def release(self, need: dict[str, float] | None = None, wait_s: float = WAIT_S) -> Reclaimed:
+        """Take back what this group held, though it never finished starting: its Train
+        controller (so it cannot retry with a new placement group), its workers, the
+        placement groups this job made since it began (one group at a time), then wait up
+        to ``wait_s`` until ``need`` is available (``orchestrator.reclaim`` says why Ray
+        alone leaves them held)."""
+        return reclaim(self.before, need or {}, wait_s)
 
 
 def _fit_trainer(trainer: Any) -> None:

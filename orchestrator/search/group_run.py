@@ -9,11 +9,12 @@ source may choose it knowing every outcome so far.
 Every wait is bounded here, in the driver, since a frozen worker cannot run its own watchdog:
 the group's start (until every rank said it is ready) by ``search.start_timeout_s``, each
 configuration by ``search.trial_timeout_s``. One that runs past its bound is a ``hang`` with
-its phase and ends the group: in a search trial, the trial returns, Tune ends its actor and
-Ray's ownership ends the controller and the workers; on the driver (re-measurement, scaling:
-``owned``), the task that owns the group is killed, with the same effect. Its placement
-group is removed as well (``Fit.release``): Ray Train leaves it behind when a group ends
-while it starts, and the next group would wait for its resources. Whatever the group
+its phase and ends the group (``Fit.release``, one group at a time): its Train controller is
+killed first (it would retry a failed start with a new placement group), then its workers,
+then the placement groups made since it began (Ray Train leaves one behind when a group ends
+while it starts), and the next group starts once the cluster has the resources back (a line
+says so when they are not back within 30 s). On the driver (re-measurement, scaling:
+``owned``), the task that owns the group is killed as well. Whatever the group
 did not reach is returned as None: the caller re-queues it. While it waits, a heartbeat line
 says what it waits on.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.placement import PlacementError, layout_for, placement_label
+from orchestrator.reclaim import group_need
 from orchestrator.search.outcome import (
     classify_failure,
     failure_texts,
@@ -122,9 +124,9 @@ class GroupRun:
         try:
             take = lambda item: self._take(item, emit)  # noqa: E731
             if not fit.drain(reports, take, stop=lambda: self._late(emit)):
-                fit.end()  # owned: its workers are gone on return (else: the trial's end)
+                fit.end()  # owned: the task owning the group is killed
                 if self.owned or self.ctx.config.search.concurrency == 1:
-                    fit.release()  # its resources too, though it never finished starting
+                    self._release(fit)  # the whole group, though it never finished starting
                 return self.outcomes  # a configuration overran its bound
         finally:
             if fit.done.is_set():  # a group ended early may still send: its queues go with it
@@ -136,6 +138,18 @@ class GroupRun:
             outcome = {"phase": self._waiting(current)[0], **self._failed(current)}
             self._finish(current, outcome, emit)
         return self.outcomes
+
+    def _release(self, fit: Fit) -> None:
+        """Kill the group's controller and workers, remove its placement groups and wait
+        (bounded) until a group of its size fits again; a line if it does not."""
+        plan, cpus = self.plans[0], self.ctx.config.cluster.cpus_per_worker
+        done = fit.release(group_need(plan.world_size, cpus, plan.use_gpu))
+        if done.missing:
+            short = ", ".join(f"{v:g} {k}" for k, v in sorted(done.missing.items()))
+            self.heartbeat.out(
+                f"{self.label(0)}'s worker group was ended, but its resources are not all back "
+                f"after {done.waited_s:.0f} s ({short} short); the next group may wait for them"
+            )
 
     def _late(self, emit: Callable[[int, Outcome], None]) -> bool:
         """True (and the configuration recorded as a hang) when the running one overran the

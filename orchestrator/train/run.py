@@ -153,7 +153,7 @@ def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int,
         return None
     print(f"training: {stalled[0]}", flush=True)
     fit.end()
-    fit.release()
+    fit.release()  # its controller, workers and placement groups (no wait: the run ends)
     return stalled[0]
 
 

@@ -159,22 +159,3 @@ def test_a_bad_training_bound_exits_2_before_ray(key: str, bad: str, capsys) -> 
     assert main(["--preset", "smoke", "--set", f"{key}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0], err
-
-
-def test_release_removes_only_the_placement_groups_made_since_the_group_began(
-    monkeypatch,
-) -> None:
-    import importlib
-
-    from orchestrator import workers
-
-    pgs = importlib.import_module("ray.util.placement_group")  # the module, not its function
-    removed: list[str] = []
-    monkeypatch.setattr(pgs, "remove_placement_group", lambda pg: removed.append(pg.id.hex()))
-    old, new = "aa" * 18, "bb" * 18  # 18-byte placement group ids
-    fit = workers.Fit.__new__(workers.Fit)
-    fit.placement_before = {old}
-    monkeypatch.setattr(workers, "job_placement_groups", lambda: {old, new})
-    assert fit.release() == [new] and removed == [new]
-    monkeypatch.setattr(workers, "job_placement_groups", lambda: None)  # no state API
-    assert fit.release() == [] and removed == [new]
