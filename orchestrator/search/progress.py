@@ -76,3 +76,20 @@ class ProgressPrinter(Callback):
             f"worker group {trial.trial_id}: its driver process died; see {trial.local_path}",
             flush=True,
         )
+
+
+def tensorboard_loggers() -> list[Callback]:
+    """Tune's TensorBoard logger, given each result's scalars only: the outcome record (with
+    its lists, such as each rank's place) is commtune's own files' business, and TensorBoard
+    would warn on its first list that is not a histogram. Empty without tensorboardX."""
+    from ray.tune.logger import TBXLoggerCallback
+
+    class ScalarsOnly(TBXLoggerCallback):
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            scalars = {k: v for k, v in result.items() if k.split("/")[0] != OUTCOME}
+            super().log_trial_result(iteration, trial, scalars)
+
+    try:
+        return [ScalarsOnly()]
+    except ImportError:
+        return []

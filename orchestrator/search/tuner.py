@@ -24,7 +24,7 @@ from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.placement import choose_nodes, trial_resources
 from orchestrator.search.outcome import prune_threshold
-from orchestrator.search.progress import ProgressPrinter
+from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.search.trial import (
@@ -279,6 +279,6 @@ def build_tuner(
             name="tune",
             storage_path=str(out_dir.resolve()),
             verbose=0,
-            callbacks=[ProgressPrinter(notices)],
+            callbacks=[ProgressPrinter(notices), *tensorboard_loggers()],
         ),
     )
