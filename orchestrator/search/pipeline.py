@@ -41,6 +41,7 @@ from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
 INTERRUPTED_WHY = "the search was stopped (Ctrl-C) before this trial ended; --resume runs it"
+NOT_RUN_WHY = "queued, but the search ended (its time budget) before it ran; --resume runs it"
 
 
 def search_context(config: Config, use_gpu: bool) -> SearchContext:
@@ -171,6 +172,10 @@ def _tune(
             shown = ", ".join(map(str, closed))
             print(f"interrupted: trial(s) {shown} recorded as interrupted", flush=True)
         raise
+    left = study.close_interrupted(the_study, NOT_RUN_WHY)  # queued, never run
+    if left:
+        print(f"not run: trial(s) {', '.join(map(str, left))} were queued when the search "
+              "ended; --resume runs them", flush=True)  # fmt: skip
     add_search_wall(out, time.monotonic() - started)
     return True
 

@@ -75,7 +75,9 @@ def records(study: optuna.Study) -> list[TrialRecord]:
     """Finished trials in order; a trial still RUNNING in storage was interrupted."""
     out = []
     started = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-    for t in study.get_trials(deepcopy=False, states=started):  # queued, never run: not shown
+    for t in study.get_trials(deepcopy=False, states=started):
+        if t.datetime_start is None:  # queued, never run (closed when the search ended)
+            continue
         attrs = dict(t.user_attrs)
         state = attrs.get(m.STATE)
         if state is None:

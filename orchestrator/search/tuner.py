@@ -26,7 +26,7 @@ from orchestrator.placement import choose_nodes, trial_resources
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
-from orchestrator.search.study import INTERRUPTED
+from orchestrator.search.study import INTERRUPTED, REQUEUE
 from orchestrator.search.trial import (
     NODES,
     OUTCOME,
@@ -239,15 +239,16 @@ class GroupSearch(Searcher):
 
     def _interrupt_pending(self) -> None:
         """Configurations asked but never run when the time budget ends: recorded as
-        interrupted and queued again, so ``--resume`` runs them."""
+        interrupted, their params kept for ``--resume`` (queued then, not now: a trial queued
+        now would stay WAITING in the study after the search)."""
         if self.pending or self.asked < self.total:
             print("time budget reached: no new trial starts", flush=True)
         for asked in self.pending:
             self._tell(asked, {
                 m.STATE: INTERRUPTED,
                 m.REASON: "the time budget ended the search before it ran; --resume runs it",
+                REQUEUE: asked.trial.params,
             })  # fmt: skip
-            self.study.enqueue_trial(asked.trial.params, skip_if_exists=False)
         self.pending = []
 
     def save(self, checkpoint_path: str) -> None:

@@ -116,6 +116,10 @@ def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
     rows = _rows(out)
     assert 1 <= len(rows) < 20 and rows[0]["state"] == "complete"
     assert (out / "best.yaml").is_file()
+    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
+    open_states = {optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING}
+    assert not open_states & {t.state for t in study.trials}, "nothing queued stays behind"
+    assert {r["number"] for r in rows} <= {str(t.number) for t in study.trials if t.datetime_start}
 
 
 def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.search.finalists import finalists, interleave
 from orchestrator.search.outcome import MIN_NOISE, prune_threshold
-from orchestrator.search.results import TrialRecord, baseline_record
+from orchestrator.search.results import TrialRecord, baseline_record, records
 from orchestrator.search.study import (
     INTERRUPTED,
     close_interrupted,
@@ -109,6 +109,8 @@ def test_a_stopped_search_leaves_no_open_trial_and_resume_queues_them_once(tmp_p
         assert t.state == optuna.trial.TrialState.FAIL
         assert (t.user_attrs[m.STATE], t.user_attrs[m.REASON]) == (INTERRUPTED, "stopped")
     assert counted(study) == 1
+    shown = [r.number for r in records(study)]
+    assert shown == [0, 1], "trials.csv shows the stopped trial, not the seed that never ran"
     assert requeue_interrupted(study) == [1, 2]
     assert requeue_interrupted(study) == [], "a second resume does not queue them again"
     again = [study.ask(x).params for _ in range(2)]
