@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 CONTROLLER, WORKER = "TrainController", "RayTrainWorker"
@@ -57,10 +58,13 @@ def group_need(world_size: int, cpus_per_worker: float, use_gpu: bool) -> dict[s
     return {"CPU": world_size * cpus_per_worker} | ({"GPU": float(world_size)} if use_gpu else {})
 
 
-def new_train_actors(rows: Iterable[Any], before: frozenset[str]) -> tuple[list[Any], list[Any]]:
-    """(controllers, workers) among state-API actor rows: Train actors not dead and not
-    alive before the group began."""
-    fresh = [r for r in rows if r.actor_id not in before and r.state != "DEAD"]
+def new_train_actors(
+    rows: Iterable[Any], before: frozenset[str], dead_too: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """(controllers, workers) among state-API actor rows: Train actors not alive before the
+    group began, and not dead unless ``dead_too`` (Ray marks an actor DEAD when its owner
+    goes, but a frozen process of it lives on until its raylet's kill timer fires)."""
+    fresh = [r for r in rows if r.actor_id not in before and (dead_too or r.state != "DEAD")]
     by = lambda name: sorted((r for r in fresh if r.class_name == name), key=lambda r: r.actor_id)  # noqa: E731
     return by(CONTROLLER), by(WORKER)
 
@@ -119,7 +123,7 @@ def reclaim(before: Snapshot | None, need: dict[str, float], wait_s: float = WAI
         done.controllers = [r.actor_id for r in controllers]
         gone = lambda rows: not new_train_actors(rows or [], before.actors)[0]  # noqa: E731
         wait_until(_actors, gone, wait_s / 3)  # a dead controller makes nothing more
-        _, workers = new_train_actors(_actors() or [], before.actors)
+        _, workers = new_train_actors(_actors() or [], before.actors, dead_too=True)
         _kill(local_pids(workers, here))
         done.workers = [r.actor_id for r in workers]
         done.placement_groups = sorted((_placement_groups() or set()) - before.placement_groups)
@@ -137,9 +141,18 @@ def _empty(missing: dict[str, float]) -> bool:
 
 
 def _kill(pids: list[int]) -> None:
-    for pid in pids:
+    for pid in filter(is_ray_process, pids):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def is_ray_process(pid: int) -> bool:
+    """Whether ``pid`` is still a Ray worker process (its title starts ``ray::``): a dead
+    actor's pid may have been given to another process since. False where /proc is not."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
+    except OSError:
+        return False
 
 
 def _actors() -> list[Any] | None:

@@ -33,6 +33,16 @@ def test_only_new_live_train_actors_are_chosen() -> None:
     # only this node's processes are signalled; one not started yet has no pid
     assert r.local_pids(controllers + workers, NODE) == [11]
     assert r.local_pids(workers, OTHER) == [14]
+    dead = row("w-0", r.WORKER, "DEAD", 17)
+    _, all_workers = r.new_train_actors([*rows, dead], frozenset(), dead_too=True)
+    assert [a.actor_id for a in all_workers] == ["w-0", "w-1", "w-2"], "dead, still a process"
+
+
+def test_only_a_ray_process_is_killed() -> None:
+    import os
+
+    assert not r.is_ray_process(os.getpid())  # pytest: its pid is not a Ray worker's
+    assert not r.is_ray_process(2**22 + 7)  # no such process
 
 
 def test_group_need_and_shortfall() -> None:
@@ -69,6 +79,7 @@ class Cluster:
             row("c-old", r.CONTROLLER, state="DEAD", pid=9),
             row("c1", r.CONTROLLER, pid=20),
             row("w1", r.WORKER, pid=21),  # frozen: ends only when killed
+            row("w0", r.WORKER, state="DEAD", pid=23),  # its owner went; its process did not
             row("w2", r.WORKER, pid=22, node=OTHER),  # its raylet ends it with its group
         ]
         self.pgs = {"00" * 17 + "01": "old", "00" * 17 + "02": "ours"}
@@ -115,7 +126,8 @@ def test_reclaim_kills_the_controller_before_it_removes_placement_groups(cluster
     cluster.list_actors()  # the controller retried once before the bound ran out
     done = r.reclaim(before, {"CPU": 2.0}, wait_s=3.0)
     assert done.controllers == ["c1"] and cluster.killed[0] == 20  # the controller first
-    assert set(done.workers) == {"w1", "w2"} and 21 in cluster.killed and 22 not in cluster.killed
+    assert set(done.workers) == {"w0", "w1", "w2"} and {21, 23} <= set(cluster.killed)
+    assert 22 not in cluster.killed  # another node's: its raylet ends it
     # every placement group made since the group began, the retries' too, and only those
     assert set(cluster.pgs) == {"00" * 17 + "01"} and "00" * 17 + "01" not in cluster.removed
     assert done.missing == {}
