@@ -8,7 +8,7 @@ the re-measured runs flagged disturbed in ``remeasure.csv``. A verdict a user ca
 same finalist (or the same "keep the baseline") on the clean runs, and the hogged run either
 agrees, measures the disturbed runs again, or says it is too noisy to decide.
 
-    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 35 min, 2 cores)
+    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 70 min, 2 cores)
     python -m benchmarks.verdicts --clean 1 --hogged 0
 """
 
@@ -65,7 +65,9 @@ def run_once(out: Path, hog_s: float | None, extra: list[str]) -> dict[str, str]
         raise SystemExit(f"search exited {code}:\n" + "\n".join(lines[-30:]))
     verdict = next((x.strip() for x in reversed(lines) if _VERDICT in x), "(no verdict)")
     wall_s = f"{time.monotonic() - started:.0f}"
-    return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(out / "remeasure.csv")}
+    path = out / "remeasure.csv"
+    return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(path),
+            "sequence": _sequence(path)}  # fmt: skip
 
 
 _VERDICT = "re-measured, interleaved with the baseline:"
@@ -79,6 +81,23 @@ def _disturbed(path: Path) -> str:
     rows = list(csv.DictReader(path.open()))
     bad = [f"trial {r['trial']} run {r['position']}.{r['repeat']}" for r in rows if r["disturbed"]]
     return f"{len(bad)}/{len(rows)} disturbed" + (f" ({', '.join(bad)})" if bad else "")
+
+
+def _sequence(path: Path) -> str:
+    """The re-measured runs in order, as the issue wrote them: ``B 22.14 (13.2%) | t5 ...``;
+    a repeat after a disturbed run follows it, marked ``again``."""
+    if not path.exists():
+        return ""
+    parts = []
+    for r in csv.DictReader(path.open()):
+        who = "B" if r["role"] == "baseline" else f"t{r['trial']}"
+        if not r["samples_per_s"]:
+            parts.append(f"{who} {r['state']}")
+            continue
+        figure = f"{float(r['samples_per_s']):.2f} ({float(r['throughput_cv'] or 0):.1%})"
+        mark = (" again" if r["repeat"] != "0" else "") + (" disturbed" if r["disturbed"] else "")
+        parts.append(f"{who}{mark} {figure}")
+    return " | ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         for i, hog_s in enumerate(plan):
             print(f"run {i + 1}/{len(plan)}{' (hogged)' if hog_s else ''} ...", flush=True)
             row = run_once(Path(tmp) / f"run{i}", hog_s, extra)
-            print(f"  {row['wall_s']} s; {row['disturbed']}\n  {row['verdict']}", flush=True)
+            print(f"  {row['wall_s']} s; {row['disturbed']}\n  {row['sequence']}\n"
+                  f"  {row['verdict']}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -193,19 +193,24 @@ def measure_plans(
     on_outcome: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure plans outside the search (re-measurement, scaling), in order: consecutive plans
-    with the same environment share a worker group; one not reached is an ``error``. A group
-    that overruns a bound is ended (its workers killed) before the next one starts.
-    ``on_outcome(position, outcome)`` is called as each one ends."""
-    outcomes: list[dict[str, Any]] = []
-    for _, run in itertools.groupby(items, key=lambda item: item[1]):
-        run = list(run)
-        first = len(outcomes)
+    with the same environment share a worker group. A group that overruns a bound or crashes
+    is ended (its workers killed) and the plans it did not reach run in a fresh group, as the
+    search re-queues them: a hung finalist must not cost the baseline run after it. One never
+    reached (a group that reached none) is an ``error``. ``on_outcome(position, outcome)`` is
+    called as each one ends."""
+    outcomes: list[dict[str, Any] | None] = [None] * len(items)
+    for _, run in itertools.groupby(range(len(items)), key=lambda i: items[i][1]):
+        todo = list(run)
+        while todo:
 
-        def emit(index: int, outcome: dict[str, Any], first: int = first) -> None:
-            if on_outcome is not None:
-                on_outcome(first + index, outcome)
+            def emit(k: int, outcome: dict[str, Any], todo: list[int] = todo) -> None:
+                if on_outcome is not None:
+                    on_outcome(todo[k], outcome)
 
-        group = GroupRun(ctx, name=f"{name}_{first:02d}", owned=True)  # a hang ends its workers
-        for outcome in group.run(iter(run), emit) + [None] * (len(run) - len(group.plans)):
-            outcomes.append(outcome or {m.STATE: m.ERROR, m.REASON: "not reached: the group ended"})
-    return outcomes
+            group = GroupRun(ctx, name=f"{name}_{todo[0]:02d}", owned=True)
+            reached = group.run(iter([items[i] for i in todo]), emit)  # those it took, at most
+            for i, outcome in zip(todo, reached, strict=False):
+                outcomes[i] = outcome
+            left = [i for i in todo if outcomes[i] is None]
+            todo = left if len(left) < len(todo) else []  # a group that reached none: stop
+    return [o or {m.STATE: m.ERROR, m.REASON: "not reached: its group ended"} for o in outcomes]

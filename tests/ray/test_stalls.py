@@ -121,6 +121,9 @@ def test_c_frozen_scaling_and_remeasure_groups_are_ended(tmp_path: Path) -> None
     assert rc == 0, search.text()
     assert "hang: hang in phase measure" in line, search.text()
     assert seen_at - stopped_at < TRIAL_TIMEOUT_S + 15, search.text()
+    assert "re-measure 3/3: baseline: " in search.text() and "samples/s" in search.text()
+    rows = list(csv.DictReader((out / "remeasure.csv").open()))
+    assert [r["state"] for r in rows] == ["complete", "hang", "complete"], "a fresh group ran it"
     assert not search.survivors(), "no worker survives the search"
 
 

@@ -127,3 +127,42 @@ def test_only_configurations_after_a_best_get_a_prune_threshold() -> None:
     assert work.items[0]["prune_below"] is None  # the baseline is never pruned
     search.on_trial_result("t0", _result(work.items[0]["number"], value=100.0))
     assert work.items[1]["prune_below"] == pytest.approx(100.0 * (1 - 3 * MIN_NOISE))
+
+
+class _HangingGroup:
+    """A worker group that measures its plans in order until it reaches one named ``hang``:
+    that one is a hang, the rest it took are not reached (None), as ``GroupRun.run`` says."""
+
+    made: list[list[str]] = []
+
+    def __init__(self, ctx, name: str, owned: bool = False) -> None:
+        self.name = name
+
+    def run(self, source, emit) -> list:
+        plans = [plan for plan, _ in source]
+        type(self).made.append(plans)
+        out: list = []
+        for k, plan in enumerate(plans):
+            hung = plan.startswith("hang")
+            outcome = {m.STATE: m.HANG if hung else m.COMPLETE, m.SAMPLES_PER_S: 1.0}
+            emit(k, outcome)
+            out.append(outcome)
+            if hung:
+                return out + [None] * (len(plans) - k - 1)
+        return out
+
+
+def test_a_hung_remeasured_run_does_not_cost_the_runs_after_it(monkeypatch) -> None:
+    from orchestrator.search import trial
+
+    monkeypatch.setattr(trial, "GroupRun", _HangingGroup)
+    _HangingGroup.made = []
+    env, other = {}, {"NCCL_ALGO": "Ring"}
+    items = [("B", env), ("hang t5", env), ("B", env), ("t1", other), ("B", env)]
+    seen: list[int] = []
+    outcomes = trial.measure_plans(None, items, "remeasure", lambda i, o: seen.append(i))
+    assert [o[m.STATE] for o in outcomes] == [m.COMPLETE, m.HANG, m.COMPLETE, m.COMPLETE,
+                                              m.COMPLETE]  # fmt: skip
+    assert seen == [0, 1, 2, 3, 4], "each outcome is told at its own position"
+    # the baseline after the hang ran in a fresh group; a group per environment run
+    assert _HangingGroup.made == [["B", "hang t5", "B"], ["B"], ["t1"], ["B"]]
