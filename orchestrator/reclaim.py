@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Snapshot:
-    """This job's live placement groups and Train actors when a group began."""
+    """This job's live placement groups and its actors (dead ones too) when a group began."""
 
     placement_groups: frozenset[str]
     actors: frozenset[str]
@@ -104,7 +104,8 @@ def snapshot() -> Snapshot | None:
     pgs, actors = _placement_groups(), _actors()
     if pgs is None or actors is None:
         return None
-    return Snapshot(frozenset(pgs), frozenset(r.actor_id for r in actors if r.state != "DEAD"))
+    # dead ones too: an earlier group's dead workers must not count as this group's
+    return Snapshot(frozenset(pgs), frozenset(r.actor_id for r in actors))
 
 
 def reclaim(before: Snapshot | None, need: dict[str, float], wait_s: float = WAIT_S) -> Reclaimed:
@@ -119,12 +120,12 @@ def reclaim(before: Snapshot | None, need: dict[str, float], wait_s: float = WAI
     here = ray.get_runtime_context().get_node_id()
     if before is not None:
         controllers, _ = new_train_actors(_actors() or [], before.actors)
-        _kill(local_pids(controllers, here))  # Ray Train puts it on the caller's node
+        _kill(local_pids(controllers, here), CONTROLLER)  # on the caller's node
         done.controllers = [r.actor_id for r in controllers]
         gone = lambda rows: not new_train_actors(rows or [], before.actors)[0]  # noqa: E731
         wait_until(_actors, gone, wait_s / 3)  # a dead controller makes nothing more
         _, workers = new_train_actors(_actors() or [], before.actors, dead_too=True)
-        _kill(local_pids(workers, here))
+        _kill(local_pids(workers, here), WORKER)
         done.workers = [r.actor_id for r in workers]
         done.placement_groups = sorted((_placement_groups() or set()) - before.placement_groups)
         for pg in done.placement_groups:
@@ -140,19 +141,22 @@ def _empty(missing: dict[str, float]) -> bool:
     return not missing
 
 
-def _kill(pids: list[int]) -> None:
-    for pid in filter(is_ray_process, pids):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+def _kill(pids: list[int], actor_class: str) -> None:
+    for pid in pids:
+        if is_actor_process(pid, actor_class):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def is_ray_process(pid: int) -> bool:
-    """Whether ``pid`` is still a Ray worker process (its title starts ``ray::``): a dead
-    actor's pid may have been given to another process since. False where /proc is not."""
+def is_actor_process(pid: int, actor_class: str) -> bool:
+    """Whether ``pid`` is still a process of a Ray actor of ``actor_class`` (its title is
+    ``ray::<class>`` or ``ray::<class>.<method>``): a dead actor's pid may have been given to
+    another process since. False where /proc is not."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
     except OSError:
         return False
+    return title.split(b".")[0].strip() == f"ray::{actor_class}".encode()
 
 
 def _actors() -> list[Any] | None:

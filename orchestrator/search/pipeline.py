@@ -41,6 +41,7 @@ from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
 INTERRUPTED_WHY = "the search was stopped (Ctrl-C) before this trial ended; --resume runs it"
+DEAD_DRIVER_WHY = "the driver died during this trial; the study had its trials without it"
 NOT_RUN_WHY = "queued, but the search ended (its time budget) before it ran; --resume runs it"
 
 
@@ -129,9 +130,6 @@ def _tune(
             f"study {config.name!r} already exists in {config.search.storage or out}; "
             "pass --resume to continue it, or set another name or storage",
         )
-    if existing is not None:
-        for number in study.requeue_interrupted(existing):
-            print(f"resume: trial {number} was interrupted; its params run again", flush=True)
     done = study.counted(existing)
     remaining = max(0, config.search.trials - done)
     cfg = config.search
@@ -141,12 +139,17 @@ def _tune(
             print(f"grid: {size} points, {cfg.trials} trials: only the first {cfg.trials} run "
                   "(raise search.trials to cover the grid)", flush=True)  # fmt: skip
         remaining = min(remaining, max(0, size - done))
-    if not remaining:
+    if not remaining:  # nothing is queued again: it would stay WAITING in the study
+        if existing is not None:
+            study.close_interrupted(existing, DEAD_DRIVER_WHY)
         print(
             f"resume: the study already has {done} of {cfg.trials} trials; rewriting the outputs",
             flush=True,
         )
         return False
+    if existing is not None:
+        for number in study.requeue_interrupted(existing):
+            print(f"resume: trial {number} was interrupted; its params run again", flush=True)
     the_study = optuna.create_study(
         study_name=config.name, storage=storage, direction="maximize", load_if_exists=True,
         sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),

@@ -19,7 +19,7 @@ from orchestrator.config import Config
 from orchestrator.costmodel import comm_bound
 from orchestrator.plans import plan_from_config
 from orchestrator.search.correctness import guard_check
-from orchestrator.search.group_run import GroupRun
+from orchestrator.search.group_run import START, GroupRun
 from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
@@ -196,8 +196,8 @@ def measure_plans(
     with the same environment share a worker group. A group that overruns a bound or crashes
     is ended (its workers killed) and the plans it did not reach run in a fresh group, as the
     search re-queues them: a hung finalist must not cost the baseline run after it. One never
-    reached (a group that reached none) is an ``error``. ``on_outcome(position, outcome)`` is
-    called as each one ends."""
+    reached (its group hung while it started, or reached none) is an ``error``.
+    ``on_outcome(position, outcome)`` is called as each one ends."""
     outcomes: list[dict[str, Any] | None] = [None] * len(items)
     for _, run in itertools.groupby(range(len(items)), key=lambda i: items[i][1]):
         todo = list(run)
@@ -212,5 +212,7 @@ def measure_plans(
             for i, outcome in zip(todo, reached, strict=False):
                 outcomes[i] = outcome
             left = [i for i in todo if outcomes[i] is None]
-            todo = left if len(left) < len(todo) else []  # a group that reached none: stop
+            # a group that never started would not start for the rest of its environment
+            started = not any((outcomes[i] or {}).get("phase") == START for i in todo)
+            todo = left if started and len(left) < len(todo) else []
     return [o or {m.STATE: m.ERROR, m.REASON: "not reached: its group ended"} for o in outcomes]

@@ -156,3 +156,26 @@ def test_same_as_follows_a_conditionally_inactive_param(tmp_path) -> None:
     for _ in range(20):
         params = space.suggest(study.ask())
         assert params.get("NCCL_MAX_NCHANNELS") == params.get("NCCL_MIN_NCHANNELS")
+
+
+def test_a_resume_with_nothing_owed_leaves_no_open_trial(tmp_path, capsys) -> None:
+    """A dead driver's RUNNING trial is closed, not queued again, when the study already has
+    its trials (queued, it would stay WAITING: no search runs to take it)."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import load_config
+    from orchestrator.search.pipeline import _tune
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    config = load_config(preset="smoke", sets=["search.trials=2"])
+    study = optuna.create_study(study_name=config.name, storage=storage, direction="maximize")
+    x = {"x": optuna.distributions.IntDistribution(0, 9)}
+    for value in (1.0, 2.0):
+        study.tell(study.ask(x), value)
+    study.ask(x)  # the driver died here
+    ctx = SimpleNamespace(config=config, space=SimpleNamespace(grid=lambda: [{}] * 9))
+    assert _tune(ctx, storage, resume=True, out=tmp_path, deadline=None) is False
+    assert "already has 2 of 2 trials" in capsys.readouterr().out
+    open_states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    assert not study.get_trials(states=open_states)
+    assert study.trials[2].user_attrs[m.STATE] == INTERRUPTED

@@ -145,6 +145,8 @@ class _HangingGroup:
         for k, plan in enumerate(plans):
             hung = plan.startswith("hang")
             outcome = {m.STATE: m.HANG if hung else m.COMPLETE, m.SAMPLES_PER_S: 1.0}
+            if hung:
+                outcome["phase"] = plan.split()[1]
             emit(k, outcome)
             out.append(outcome)
             if hung:
@@ -158,11 +160,24 @@ def test_a_hung_remeasured_run_does_not_cost_the_runs_after_it(monkeypatch) -> N
     monkeypatch.setattr(trial, "GroupRun", _HangingGroup)
     _HangingGroup.made = []
     env, other = {}, {"NCCL_ALGO": "Ring"}
-    items = [("B", env), ("hang t5", env), ("B", env), ("t1", other), ("B", env)]
+    items = [("B", env), ("hang measure t5", env), ("B", env), ("t1", other), ("B", env)]
     seen: list[int] = []
     outcomes = trial.measure_plans(None, items, "remeasure", lambda i, o: seen.append(i))
     assert [o[m.STATE] for o in outcomes] == [m.COMPLETE, m.HANG, m.COMPLETE, m.COMPLETE,
                                               m.COMPLETE]  # fmt: skip
     assert seen == [0, 1, 2, 3, 4], "each outcome is told at its own position"
     # the baseline after the hang ran in a fresh group; a group per environment run
-    assert _HangingGroup.made == [["B", "hang t5", "B"], ["B"], ["t1"], ["B"]]
+    assert _HangingGroup.made == [["B", "hang measure t5", "B"], ["B"], ["t1"], ["B"]]
+
+
+def test_an_environment_whose_group_hangs_while_it_starts_is_not_tried_again(monkeypatch):
+    from orchestrator.search import trial
+
+    monkeypatch.setattr(trial, "GroupRun", _HangingGroup)
+    _HangingGroup.made = []
+    env = {"NCCL_PROTO": "LL128"}
+    items = [("hang start t5", env), ("B", env), ("B", {})]
+    outcomes = trial.measure_plans(None, items, "remeasure")
+    assert [o[m.STATE] for o in outcomes] == [m.HANG, m.ERROR, m.COMPLETE]
+    assert "not reached" in outcomes[1][m.REASON]
+    assert _HangingGroup.made == [["hang start t5", "B"], ["B"]], "one start hang, not two"

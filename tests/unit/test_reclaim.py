@@ -4,6 +4,9 @@ which order, and the bounded wait for the resources (fakes for Ray's state API).
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -38,11 +41,18 @@ def test_only_new_live_train_actors_are_chosen() -> None:
     assert [a.actor_id for a in all_workers] == ["w-0", "w-1", "w-2"], "dead, still a process"
 
 
-def test_only_a_ray_process_is_killed() -> None:
-    import os
-
-    assert not r.is_ray_process(os.getpid())  # pytest: its pid is not a Ray worker's
-    assert not r.is_ray_process(2**22 + 7)  # no such process
+def test_only_a_live_process_of_the_actor_class_is_killed() -> None:
+    titled = subprocess.Popen(["bash", "-c", "exec -a ray::RayTrainWorker.__init__ sleep 30"])
+    try:
+        deadline = time.monotonic() + 5
+        while not r.is_actor_process(titled.pid, r.WORKER):  # until exec has named it
+            assert time.monotonic() < deadline, "never titled"
+        assert not r.is_actor_process(titled.pid, r.CONTROLLER), "another class's process"
+    finally:
+        titled.kill()
+        titled.wait()
+    assert not r.is_actor_process(os.getpid(), r.WORKER)  # pytest: not a Ray worker
+    assert not r.is_actor_process(titled.pid, r.WORKER), "gone (its pid may be reused)"
 
 
 def test_group_need_and_shortfall() -> None:
@@ -77,6 +87,7 @@ class Cluster:
     def __init__(self) -> None:
         self.actors = [
             row("c-old", r.CONTROLLER, state="DEAD", pid=9),
+            row("w-old", r.WORKER, state="DEAD", pid=8),  # an earlier group's; pid reused since
             row("c1", r.CONTROLLER, pid=20),
             row("w1", r.WORKER, pid=21),  # frozen: ends only when killed
             row("w0", r.WORKER, state="DEAD", pid=23),  # its owner went; its process did not
@@ -91,7 +102,7 @@ class Cluster:
             self.pgs[f"{len(self.pgs) + 1:036x}"] = "a retry"
         return list(self.actors)
 
-    def kill(self, pids: list[int]) -> None:
+    def kill(self, pids: list[int], actor_class: str) -> None:
         self.killed += pids
         for a in self.actors:
             if a.pid in pids:
@@ -122,12 +133,13 @@ def cluster(monkeypatch) -> Cluster:
 
 
 def test_reclaim_kills_the_controller_before_it_removes_placement_groups(cluster) -> None:
-    before = r.Snapshot(frozenset({"00" * 17 + "01"}), frozenset({"c-old"}))
+    before = r.Snapshot(frozenset({"00" * 17 + "01"}), frozenset({"c-old", "w-old"}))
     cluster.list_actors()  # the controller retried once before the bound ran out
     done = r.reclaim(before, {"CPU": 2.0}, wait_s=3.0)
     assert done.controllers == ["c1"] and cluster.killed[0] == 20  # the controller first
     assert set(done.workers) == {"w0", "w1", "w2"} and {21, 23} <= set(cluster.killed)
     assert 22 not in cluster.killed  # another node's: its raylet ends it
+    assert 8 not in cluster.killed and 9 not in cluster.killed  # an earlier group's
     # every placement group made since the group began, the retries' too, and only those
     assert set(cluster.pgs) == {"00" * 17 + "01"} and "00" * 17 + "01" not in cluster.removed
     assert done.missing == {}
@@ -141,3 +153,14 @@ def test_reclaim_says_what_is_still_short_when_the_wait_runs_out(cluster, monkey
     done = r.reclaim(None, {"CPU": 2.0}, wait_s=1.0)  # no state API: nothing is killed
     assert done.missing == {"CPU": 1.5} and done.waited_s >= 1.0
     assert cluster.killed == [] and cluster.removed == []
+
+
+def test_a_snapshot_holds_dead_actors_too(monkeypatch) -> None:
+    """An earlier group's dead workers are in it, so ``reclaim`` never takes them (and their
+    pids, reused since) for this group's."""
+    rows = [row("w-old", r.WORKER, state="DEAD", pid=8), row("q", "_QueueActor", pid=15)]
+    monkeypatch.setattr(r, "_actors", lambda: rows)
+    monkeypatch.setattr(r, "_placement_groups", lambda: {"pg"})
+    assert r.snapshot() == r.Snapshot(frozenset({"pg"}), frozenset({"w-old", "q"}))
+    monkeypatch.setattr(r, "_actors", lambda: None)  # no state API: nothing to go by
+    assert r.snapshot() is None
