@@ -9,6 +9,7 @@ from there.
 
     python -m benchmarks.workload_contract                      # cpu-demo, 2 rounds (~6 min)
     python -m benchmarks.workload_contract --rounds 3 --before e0dbb9a --after 2ff7b2f
+    python -m benchmarks.workload_contract --in-process 30     # one process, ~3 min
 
 Both trees must time a step alike for the ratio to be the contract's: later revisions take a
 window's step as its median step (before: each phase's median, summed) and build batches before
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +60,69 @@ def _checkout(revision: str, where: Path) -> Path:
     return where
 
 
+def in_process(preset: str, pairs: int) -> None:
+    """Both step paths on one model in this process, alternating (ABBA), 1 thread: the
+    batch-making and forward+backward of micro-step 0 before the contract (``BatchSource.batch``
+    and ``model(**batch).loss``) and through it (the workload's ``batch(indices)``, ``pinned``,
+    ``to_device`` and ``loss``, as ``StepRunner`` calls them). No process or Ray noise between
+    the two, so a cost of a fraction of a percent would show."""
+    import torch
+
+    from orchestrator.config import load_config
+    from orchestrator.plans import plan_from_config, resolve_task
+    from train_fns.data import make_batch_source, sample_indices
+    from train_fns.hf_workload import hf_workload
+    from train_fns.workload import pinned, to_device
+
+    torch.set_num_threads(1)  # a worker of cpus_per_worker=1
+    config = load_config(preset=preset)
+    plan = plan_from_config(config, resolve_task(config), False, {}, config.cluster.num_workers)
+    torch.manual_seed(plan.seed)
+    workload, cpu = hf_workload(plan), torch.device("cpu")
+    model, source = workload.model, make_batch_source(plan, workload.model.config)
+
+    def before(step: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        batch = source.batch(0, step, 0, cpu)
+        t1 = time.perf_counter()
+        model(**batch).loss.backward()
+        return t1 - t0, time.perf_counter() - t1
+
+    def contract(step: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        indices = list(sample_indices(plan, 0, step, 0))
+        batch = to_device(pinned(workload.batch(indices), cpu), cpu)
+        t1 = time.perf_counter()
+        workload.loss(model, batch).backward()
+        return t1 - t0, time.perf_counter() - t1
+
+    times: dict[str, list[tuple[float, float]]] = {"before": [], "contract": []}
+    for k in range(pairs + 1):  # the first pair warms up and is dropped
+        order = (("before", before), ("contract", contract))
+        for name, path in order if k % 2 else order[::-1]:
+            times[name].append(path(k))
+            model.zero_grad(set_to_none=True)
+    ratios = [c[1] / b[1] for b, c in zip(times["before"][1:], times["contract"][1:], strict=True)]
+    for name, rows in times.items():
+        data, step = (statistics.median(col) for col in zip(*rows[1:], strict=True))
+        print(f"{name:8s} batch {data * 1e3:7.2f} ms   forward+backward {step * 1e3:8.1f} ms")
+    q = statistics.quantiles(ratios, n=4)
+    print(f"{preset} in one process: forward+backward contract / before = "
+          f"{statistics.median(ratios):.4f} (median of {pairs} paired steps; quartiles "
+          f"{q[0]:.4f}-{q[2]:.4f})")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-demo")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--before", default=BEFORE, help="git revision without the contract")
     p.add_argument("--after", help="git revision with the contract (default: this tree)")
+    p.add_argument("--in-process", type=int, metavar="PAIRS",
+                   help="instead: both step paths on one model in this process, PAIRS pairs")
     args = p.parse_args()
+    if args.in_process:
+        return in_process(args.preset, args.in_process)
     with tempfile.TemporaryDirectory(prefix="commtune-contract-") as tmp:
         old = _checkout(args.before, Path(tmp) / "before")
         new = ROOT if args.after is None else _checkout(args.after, Path(tmp) / "after")
