@@ -7,14 +7,14 @@ baseline) of ``--preset`` (cpu-demo by default); the figure is the trial's sampl
 window). The older revision is checked out with ``git worktree`` into a temporary folder and run
 from there.
 
-    python -m benchmarks.workload_contract                      # cpu-demo, 2 rounds (~6 min)
-    python -m benchmarks.workload_contract --rounds 3 --before e0dbb9a --after 2ff7b2f
+    python -m benchmarks.workload_contract --rounds 3           # 8000939 vs c182516 (~15 min)
     python -m benchmarks.workload_contract --in-process 30     # one process, ~3 min
 
-Both trees must time a step alike for the ratio to be the contract's: later revisions take a
-window's step as its median step (before: each phase's median, summed) and build batches before
-the step's clock starts (before: inside it), so ``--after`` names a contract revision from before
-those changes (2ff7b2f has the first, not the second), and windows hold an odd number of steps
+The contract alone is its commit c182516 against its parent 8000939 (the defaults): both time a
+step alike. A wider pair (e.g. ``--before e0dbb9a --after 2ff7b2f``) measures every change
+between them too, and later revisions time a step otherwise (a window's step is
+its median step; batches are built before the step's clock starts), so ``--after`` must name a
+revision that times steps as ``--before`` does. Windows hold an odd number of steps
 (``search.measure_steps=15`` over 3 windows) so the median step is a real middle one.
 """
 
@@ -31,8 +31,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = "e0dbb9a"
-"""The last revision whose worker built the HF model and batches directly (no contract)."""
+BEFORE = "8000939"
+"""The parent of the contract's commit (c182516): its worker built the HF model and batches
+directly."""
+AFTER = "c182516"
+"""The contract's commit."""
 ONE_TRIAL = [
     *("--set", "search.trials=1", "--set", "search.remeasure_top=0"),
     *("--set", "search.scaling_baseline=false", "--set", "search.cost_model_seeds=0"),
@@ -119,7 +122,8 @@ def main() -> None:
     p.add_argument("--preset", default="cpu-demo")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--before", default=BEFORE, help="git revision without the contract")
-    p.add_argument("--after", help="git revision with the contract (default: this tree)")
+    p.add_argument("--after", default=AFTER,
+                   help="git revision with the contract ('.': this tree)")  # fmt: skip
     p.add_argument("--in-process", type=int, metavar="PAIRS",
                    help="instead: both step paths on one model in this process, PAIRS pairs")
     args = p.parse_args()
@@ -127,7 +131,7 @@ def main() -> None:
         return in_process(args.preset, args.in_process)
     with tempfile.TemporaryDirectory(prefix="commtune-contract-") as tmp:
         old = _checkout(args.before, Path(tmp) / "before")
-        new = ROOT if args.after is None else _checkout(args.after, Path(tmp) / "after")
+        new = ROOT if args.after == "." else _checkout(args.after, Path(tmp) / "after")
         try:
             figures: dict[str, list[float]] = {"before": [], "contract": []}
             for r in range(args.rounds):  # alternate, so drift hits both alike
