@@ -183,7 +183,6 @@ def test_efa_node_types_have_one_efa_interface_per_network_card(aws: dict) -> No
 
 
 def test_network_interfaces_pass_rays_aws_bootstrap_step(aws: dict) -> None:
-    pytest.importorskip("boto3")
     from ray.autoscaler._private.aws.config import _configure_from_network_interfaces
 
     configured = _configure_from_network_interfaces(copy.deepcopy(aws))

@@ -4,6 +4,8 @@ only when every rank agreed. Pure logic, no Ray."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from orchestrator.costmodel import link_from_probe
@@ -57,8 +59,21 @@ def test_a_probe_of_one_rank_is_no_link() -> None:
     assert link_from_probe([row]) is None
 
 
+@pytest.fixture
+def tf32_flags() -> Iterator[None]:
+    """Restore the two TF32 switches ``prepare_device`` flips. They are served by the backends'
+    ``__getattr__``/``__setattr__``, not stored on the module: ``monkeypatch.setattr`` records
+    them as absent and its teardown then fails to delete them (pytest >= 9.2), so read and
+    write them through the attributes themselves."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def test_bf16_on_a_pre_ampere_gpu_is_refused_naming_the_key(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tf32_flags: None
 ) -> None:
     import torch
 
@@ -67,9 +82,11 @@ def test_bf16_on_a_pre_ampere_gpu_is_refused_naming_the_key(
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     with pytest.raises(ValueError, match="workload.precision=bf16 .* is 7.0"):
         prepare_device("bf16", torch.device("cuda", 0))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     prepare_device("fp32", torch.device("cuda", 0))
     assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.allow_tf32
 
 
 def test_run_info_records_the_nccl_version_or_null_without_cuda() -> None:
