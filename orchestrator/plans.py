@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config, ConfigError
+from orchestrator.overrides import check_model_overrides
 from train_fns.plan import TrialPlan, options_from_knobs, split_global_batch
 
 ENTRYPOINT_KEY = "workload.entrypoint"
@@ -56,6 +57,16 @@ class WorkloadShape:
 
     num_params: int
     num_blocks: int
+
+
+def check_model(config: Config) -> WorkloadShape | None:
+    """The model the workers will build, checked on the driver before Ray and after every cheap
+    check (both need torch): a user workload is imported and built once on CPU; a Hugging Face
+    model's overrides are checked against its config class and built on the meta device."""
+    if config.workload.entrypoint is None:
+        check_model_overrides(config.workload)
+        return None
+    return check_entrypoint(config)
 
 
 def check_entrypoint(config: Config) -> WorkloadShape | None:

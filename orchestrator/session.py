@@ -84,7 +84,9 @@ def start_ray(config: Config, verbose: bool) -> None:
             raise ConfigError(key, message) from e
         return
     needed = math.ceil(cpus_needed(cluster))
-    ray.init(num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+    # "local": a Ray of our own, even where `ray start --head` (or another program's Ray) left
+    # its address in /tmp/ray, which a bare ray.init() would join and then refuse num_cpus for.
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
 
 
 def resolve_gpu(config: Config) -> bool:

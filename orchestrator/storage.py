@@ -14,12 +14,17 @@ reached, or one that corrupts itself, loses the search. Three kinds:
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 
 from orchestrator.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    import sqlalchemy
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
 
 KEY = "--storage/search.storage"
@@ -201,11 +206,25 @@ def check(choice: StorageChoice) -> None:
             pass
     except SQLAlchemyError as e:
         raise ConfigError(
-            KEY, f"cannot open {shown}: {_line(e, choice.target)}; check the host, port, user, "
-            "password, that the server runs and that the database exists (createdb NAME)"
+            KEY, f"cannot open {shown}: {_line(e, choice.target)}; {_open_hint(engine.url)}"
         ) from e  # fmt: skip
     finally:
         engine.dispose()
+
+
+def _open_hint(url: sqlalchemy.engine.URL) -> str:
+    """What to check when a storage cannot be opened, for its kind: a file or a server."""
+    if url.get_backend_name() != "sqlite":
+        return ("check the host, port, user, password, that the server runs and that the "
+                "database exists (createdb NAME)")  # fmt: skip
+    if not url.database or url.database == ":memory:":
+        return "name a file: sqlite:////absolute/path/study.db (an in-memory study is lost)"
+    path = Path(url.database)
+    return (
+        f"SQLite needs a writable folder {path.parent} and a file it may create or open there "
+        f"({path.name}); choose a folder of yours (sqlite:/// then an absolute path, four "
+        "slashes in all) or a .journal path"
+    )
 
 
 def _timeout(url: str) -> dict[str, int]:
@@ -223,4 +242,7 @@ def _line(error: Exception, url: str) -> str:
         password = make_url(url).password
     except Exception:  # an unparsable URL has been redacted by the caller
         password = None
-    return text.replace(str(password), "***") if password else text
+    if not password:
+        return text
+    # Whole occurrences only: a short password is also a piece of the driver's words ("p").
+    return re.sub(rf"(?<!\w){re.escape(str(password))}(?!\w)", "***", text)

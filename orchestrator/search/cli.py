@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
-from orchestrator.plans import absolute_paths, check_entrypoint
+from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
 from orchestrator.session import check_ray_address
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
@@ -118,7 +118,7 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     faults = parse_faults(args.inject_faults)
     config = absolute_paths(config)
-    check_entrypoint(config)
+    check_model(config)
     return config, faults
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
-from orchestrator.plans import absolute_paths, check_entrypoint
+from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import TRAIN_RUN_NAME
 from orchestrator.session import check_ray_address
 from train_fns.metrics import STATE_FILE
@@ -70,7 +70,7 @@ def check(args: argparse.Namespace) -> Config:
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
     config = load_config(args.config, args.preset, sets)
     config = absolute_paths(config)
-    check_entrypoint(config)
+    check_model(config)
     return config
 
 

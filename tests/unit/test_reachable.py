@@ -100,3 +100,15 @@ def test_an_unreachable_address_exits_fast_through_the_cli(tmp_path: Path) -> No
     assert proc.returncode == 2 and "--address: nothing answers" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
     assert elapsed < 8, f"an unreachable address took {elapsed:.1f}s (target: under 3 s)"
+
+
+def test_without_an_address_a_ray_of_its_own_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the Ray that `ray start --head` left in /tmp/ray (a bare ray.init() joins it, then
+    refuses num_cpus with a traceback)."""
+    import ray
+
+    seen: dict[str, object] = {}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    start_ray(Config(), verbose=False)
+    assert seen["address"] == "local" and seen["num_cpus"] >= 3

@@ -139,3 +139,17 @@ def test_best_yaml_never_holds_the_password() -> None:
     config = load_config(None, "smoke", ["search.storage=postgresql://bob:s3cr3t-pw@h/db"])
     assert without_password(config).search.storage == "postgresql://bob:***@h/db"
     assert config.search.storage.endswith("s3cr3t-pw@h/db"), "the original is unchanged"
+
+
+def test_each_storage_kind_gets_the_hint_that_applies_to_it(tmp_path: Path) -> None:
+    """A file that cannot be opened is not told to check a server's host and password."""
+    with pytest.raises(ConfigError) as e:
+        check(choose("sqlite:////proc/x.db", tmp_path, MOUNTS))
+    text = str(e.value)
+    assert "writable folder /proc" in text and "four slashes" in text, text
+    assert "host" not in text and "password" not in text, text
+    with pytest.raises(ConfigError) as e:  # nothing listens on port 1 of loopback
+        check(choose("postgresql://bob:p@127.0.0.1:1/db", tmp_path, MOUNTS))
+    text = str(e.value)
+    assert "check the host, port, user, password" in text and "SQLite" not in text, text
+    assert "bob:***@" in text and "***ort" not in text, "a short password is redacted whole"
