@@ -20,7 +20,8 @@ torch and transformers, nothing else), bring them as wheels from a machine that 
     # there: python3 -m pip install --no-index --target /tmp/site .whl/*.whl
     #        PYTHONPATH=/tmp/site python3 -m benchmarks.gpu_check
 
-Phase 1 runs with torch alone. ``--phases worker`` picks phases; ``--out`` is where runs go.
+Phase 1 runs with torch alone. ``--phases worker`` picks phases; ``--out`` is where runs go;
+``--quick`` runs phase 1 on the CPU with a tiny model (what the tests run).
 One GPU is one rank: NCCL's algorithm and protocol choice is not exercised there (a local
 copy), GPU correctness and speed are.
 """
@@ -49,8 +50,9 @@ def peak_tflops(name: str) -> tuple[str, float | None]:
     return name, None
 
 
-def worker_phase(steps: int = 12) -> list[str]:
-    """The worker loop on this GPU, without Ray: per-phase syncs vs one sync per step."""
+def worker_phase(steps: int = 12, quick: bool = False) -> list[str]:
+    """The worker loop on this GPU, without Ray: per-phase syncs vs one sync per step.
+    ``quick``: bert-tiny on the CPU over gloo, 2 steps (the same code path, no GPU figures)."""
     import torch
     import torch.distributed as dist
 
@@ -59,31 +61,37 @@ def worker_phase(steps: int = 12) -> list[str]:
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    plan = TrialPlan(model="bert-large", task="mlm", seq_len=512, global_batch=16, world_size=1,
-                     accumulation_steps=1, micro_batch=16, precision="bf16",
-                     use_gpu=True)  # fmt: skip
+    dist.init_process_group("gloo" if quick else "nccl", rank=0, world_size=1)
+    device = torch.device("cpu") if quick else torch.device("cuda", 0)
+    model, seq_len, precision = ("bert-tiny", 64, "fp32") if quick else ("bert-large", 512, "bf16")
+    steps = 2 if quick else steps
+    if not quick:
+        torch.cuda.set_device(device)
+    plan = TrialPlan(model=model, task="mlm", seq_len=seq_len, global_batch=16, world_size=1,
+                     accumulation_steps=1, micro_batch=16, precision=precision,
+                     use_gpu=not quick)  # fmt: skip
     runner, _ = build_runner(plan, 0, device)
-    lines, name = [], torch.cuda.get_device_name(device)
+    lines, name = [], "CPU" if quick else torch.cuda.get_device_name(device)
     gpu, peak = peak_tflops(name)
+    sync = (lambda: None) if quick else torch.cuda.synchronize
     for sync_phases in (True, False):
         for step in range(3):
             runner.run_step(step, profiled=sync_phases)  # warm-up
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for step in range(3, 3 + steps):
             runner.run_step(step, profiled=sync_phases)
-        torch.cuda.synchronize()
+        sync()
         per_s = plan.global_batch * steps / (time.perf_counter() - start)
         flops = 6 * runner.num_params * plan.seq_len * per_s
         mfu = f"{flops / (peak * 1e12):.1%} of {gpu} dense bf16 {peak:g} TFLOP/s" if peak else (
-            f"{flops / 1e12:.0f} TFLOP/s (no peak known for {name})")  # fmt: skip
+            f"{flops / 1e12:.2f} TFLOP/s (no peak known for {name})")  # fmt: skip
         how = "per-phase syncs" if sync_phases else "one sync per step"
-        lines.append(f"worker: bert-large bf16 DDP x1, {how}: {per_s:.1f} samples/s, MFU {mfu}")
-    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-    lines.append(f"worker: peak memory {peak_gib:.1f} GiB; NCCL {torch.cuda.nccl.version()}")
+        lines.append(f"worker: {model} {precision} DDP x1, {how}: {per_s:.1f} samples/s, "
+                     f"MFU {mfu}")  # fmt: skip
+    if not quick:
+        peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+        lines.append(f"worker: peak memory {peak_gib:.1f} GiB; NCCL {torch.cuda.nccl.version()}")
     dist.destroy_process_group()
     return lines
 
@@ -113,12 +121,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {PHASES}")
     p.add_argument("--out", default=None, help="where the runs go (default: a temp folder)")
+    p.add_argument("--quick", action="store_true",
+                   help="the worker phase alone, on the CPU over gloo with bert-tiny (no GPU; "
+                   "what the tests run, so the script cannot rot)")  # fmt: skip
     args = p.parse_args()
+    if args.quick:
+        args.phases = "worker"
     out = Path(args.out or tempfile.mkdtemp(prefix="commtune-gpu-check-"))
     for phase in [x.strip() for x in args.phases.split(",") if x.strip()]:
         started = time.monotonic()
         try:
-            lines = worker_phase() if phase == "worker" else cli_phase(phase, out)
+            lines = worker_phase(quick=args.quick) if phase == "worker" else cli_phase(phase, out)
             status = "ok"
         except Exception as e:  # the next phase still runs; this one says why
             lines, status = [f"{phase}: {type(e).__name__}: {e}"], "FAILED"

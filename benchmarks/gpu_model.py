@@ -125,7 +125,7 @@ def throughput(cluster: Cluster, model: ModelSize, p: dict[str, Any]) -> float |
     compute_s *= 1 + _channels(cluster, p) / cluster.num_sms
     if p.get("strategy", "ddp") == "ddp" and not p.get("gradient_as_bucket_view"):
         compute_s += 4 * model.num_params / HBM_COPY_BYTES_PER_S
-    algorithm = "tree" if p.get("NCCL_ALGO") == "Tree" else "ring"
+    algorithm = "tree" if p.get("NCCL_ALGO") == "allreduce:tree" else "ring"
     value = predict_throughput(
         p, model, cluster.world_size, true_link(cluster, p), compute_s / per_worker,
         global_batch=GLOBAL_BATCH, algorithm=algorithm,

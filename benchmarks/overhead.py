@@ -9,6 +9,7 @@ from each run's ``trials.csv`` and ``run_info.json``.
 
     python -m benchmarks.overhead                     # both presets (about 15 min on 2 cores)
     python -m benchmarks.overhead --presets smoke     # one
+    python -m benchmarks.overhead --quick             # smoke, 2 trials (what the tests run)
 """
 
 from __future__ import annotations
@@ -70,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
     p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke only, 2 trials a search (what the tests run)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.quick:
+        args.presets, args.set = ["smoke"], [*args.set, "search.trials=2"]
     extra = [item for kv in args.set for item in ("--set", kv)]
     results: dict[tuple[str, str], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:

@@ -8,7 +8,8 @@ it. The stored ``benchmarks/data/cpu_demo_grid.csv`` came from:
 
     python -m benchmarks.record_grid --preset cpu-demo --csv benchmarks/data/cpu_demo_grid.csv
 
-(about 25 minutes on the 2-core CI machine; nothing else should run meanwhile).
+(about 25 minutes on the 2-core CI machine; nothing else should run meanwhile). ``--quick``
+records the smoke preset's accumulation space alone (what the tests run).
 """
 
 from __future__ import annotations
@@ -54,13 +55,22 @@ def convert(trials_csv: Path, dest: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-demo")
-    p.add_argument("--csv", required=True, type=Path, help="where the landscape goes")
+    p.add_argument("--csv", type=Path, help="where the landscape goes (required but --quick)")
     p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE")
+    p.add_argument("--quick", action="store_true",
+                   help="the smoke preset's accumulation space alone, into a temporary file "
+                   "unless --csv (what the tests run)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.quick:
+        args.preset, args.set = "smoke", [*args.set, "search.spaces=[accumulation]"]
+    elif args.csv is None:
+        p.error("--csv is required (where the landscape goes)")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="commtune-grid-") as tmp:
-        count = convert(record(args.preset, Path(tmp) / "grid", args.set), args.csv)
-    print(f"{count} grid points written to {args.csv} in {time.monotonic() - started:.0f}s")
+        dest = args.csv or Path(tmp) / "landscape.csv"  # --quick without --csv: shown, not kept
+        count = convert(record(args.preset, Path(tmp) / "grid", args.set), dest)
+        print(dest.read_text(), end="")
+    print(f"{count} grid points written to {dest} in {time.monotonic() - started:.0f}s")
     return 0
 
 

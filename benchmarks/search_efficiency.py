@@ -1,6 +1,6 @@
 """How many trials each search strategy needs to get within 3% of the best configuration.
 
-``python -m benchmarks.search_efficiency [--seeds 20] [--landscape NAME ...]``
+``python -m benchmarks.search_efficiency [--seeds 20] [--landscape NAME ...] [--quick]``
 
 For each landscape (a recorded cpu-demo grid, and BERT-large on the motivating GPU clusters
 simulated by :mod:`benchmarks.gpu_model`) and each strategy, a fresh in-memory Optuna study
@@ -33,7 +33,13 @@ from pathlib import Path
 import optuna
 
 from benchmarks import gpu_model
-from benchmarks.landscapes import CPU_DEMO_CSV, Landscape, load_recorded, simulated
+from benchmarks.landscapes import (
+    CPU_DEMO_CSV,
+    GRID_LIMIT,
+    Landscape,
+    load_recorded,
+    simulated,
+)
 from orchestrator.search.proposer import Proposer, make_sampler
 
 TOLERANCE = 0.03
@@ -76,7 +82,7 @@ def grid_trials(land: Landscape, tolerance: float) -> int:
     not depend on the seed or the noise, so it is walked directly, to the end if need be."""
     space, target = land.space, (1 - tolerance) * land.best
     baseline = space.optuna_params(space.baseline())
-    order = [p for p in space.grid() if space.optuna_params(p) != baseline]
+    order = [p for p in space.grid(GRID_LIMIT) if space.optuna_params(p) != baseline]
     for number, params in enumerate([space.baseline(), *order], start=1):
         value = land.lookup(params).value
         if value is not None and value >= target:
@@ -86,7 +92,10 @@ def grid_trials(land: Landscape, tolerance: float) -> int:
 
 def summary(counts: Sequence[int], cap: int) -> tuple[float, str]:
     """Median, and the text ``median [p25-p75] (max N)`` (``>cap`` for runs that missed)."""
-    q1, median, q3 = statistics.quantiles(counts, n=4, method="inclusive")
+    if len(counts) == 1:  # one seed (the quick mode): no spread to show
+        q1 = median = q3 = counts[0]
+    else:
+        q1, median, q3 = statistics.quantiles(counts, n=4, method="inclusive")
 
     def show(x: float) -> str:
         return f">{cap}" if x > cap else f"{x:g}"
@@ -147,7 +156,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cpu-demo-csv", default=str(CPU_DEMO_CSV), help="recorded cpu-demo grid")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help="how close to the grid's best counts as there (default 0.03)")  # fmt: skip
+    p.add_argument("--quick", action="store_true",
+                   help="2 seeds, 60 trials, cpu-demo and 8xA100-nvlink (seconds; what the "
+                   "tests run)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.max_trials = 2, 60
+        args.landscape = args.landscape or ["cpu-demo", "8xA100-nvlink"]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.perf_counter()
     for land in landscapes(args.landscape, Path(args.cpu_demo_csv)):

@@ -10,6 +10,7 @@ agrees, measures the disturbed runs again, or says it is too noisy to decide.
 
     python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 70 min, 2 cores)
     python -m benchmarks.verdicts --clean 1 --hogged 0
+    python -m benchmarks.verdicts --quick            # one smoke search (what the tests run)
 """
 
 from __future__ import annotations
@@ -107,8 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hog-s", type=float, default=60.0, help="how long the hog runs")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed on to the search")  # fmt: skip
+    ap.add_argument("--quick", action="store_true",
+                    help="one clean smoke search, 3 trials (what the tests run)")  # fmt: skip
     args = ap.parse_args(argv)
     extra = [x for kv in args.set for x in ("--set", kv)]
+    if args.quick:
+        args.clean, args.hogged, extra = 1, 0, ["--preset", "smoke", "--trials", "3", *extra]
     plan = [None] * args.clean + [args.hog_s] * args.hogged
     with tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp:
         for i, hog_s in enumerate(plan):

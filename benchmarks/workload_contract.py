@@ -9,6 +9,7 @@ from there.
 
     python -m benchmarks.workload_contract --rounds 3           # 8000939 vs c182516 (~15 min)
     python -m benchmarks.workload_contract --in-process 30     # one process, ~3 min
+    python -m benchmarks.workload_contract --quick             # smoke, 4 pairs (the tests')
 
 The contract alone is its commit c182516 against its parent 8000939 (the defaults): both time a
 step alike. A wider pair (e.g. ``--before e0dbb9a --after 2ff7b2f``) measures every change
@@ -126,7 +127,11 @@ def main() -> None:
                    help="git revision with the contract ('.': this tree)")  # fmt: skip
     p.add_argument("--in-process", type=int, metavar="PAIRS",
                    help="instead: both step paths on one model in this process, PAIRS pairs")
+    p.add_argument("--quick", action="store_true",
+                   help="--in-process 4 on the smoke preset (seconds; what the tests run)")
     args = p.parse_args()
+    if args.quick:
+        return in_process("smoke", 4)
     if args.in_process:
         return in_process(args.preset, args.in_process)
     with tempfile.TemporaryDirectory(prefix="commtune-contract-") as tmp:

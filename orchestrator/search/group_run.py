@@ -7,16 +7,16 @@ configuration drawn from the source and put in the workers' inbox (one copy per 
 source may choose it knowing every outcome so far.
 
 Every wait is bounded here, in the driver, since a frozen worker cannot run its own watchdog:
-the group's start (until every rank said it is ready) by ``search.start_timeout_s``, each
-configuration by ``search.trial_timeout_s``. One that runs past its bound is a ``hang`` with
-its phase and ends the group (``Fit.release``, one group at a time): its Train controller is
-killed first (it would retry a failed start with a new placement group), then its workers,
-then the placement groups made since it began (Ray Train leaves one behind when a group ends
-while it starts), and the next group starts once the cluster has the resources back (a line
-says so when they are not back within 30 s). On the driver (re-measurement, scaling:
-``owned``), the task that owns the group is killed as well. Whatever the group
-did not reach is returned as None: the caller re-queues it. While it waits, a heartbeat line
-says what it waits on.
+the group's start (until every rank said it is ready) by ``search.start_timeout_s`` (sooner once
+starts have been seen: ``bound_of``), each configuration by ``search.trial_timeout_s``. One that
+runs past its bound is a ``hang`` with its phase and ends the group (``Fit.release``, one group
+at a time): its Train controller is killed first (it would retry a failed start with a new
+placement group), then its workers, then the placement groups made since it began (Ray Train
+leaves one behind when a group ends while it starts), and the next group starts once the cluster
+has the resources back (a line says so when they are not back within 30 s). On the driver (re-
+measurement, scaling: ``owned``), the task that owns the group is killed as well. Whatever the
+group did not reach is returned as None: the caller re-queues it. While it waits, a heartbeat
+line says what it waits on.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,48 @@ def waiting_on(
     return MEASURE, started.get(index, dispatched)
 
 
-def bound_of(phase: str, start_timeout_s: float, trial_timeout_s: float) -> tuple[str, float]:
-    """The config key bounding ``phase`` and its value."""
-    if phase == START:
-        return "search.start_timeout_s", start_timeout_s
-    return "search.trial_timeout_s", trial_timeout_s
+START_MULTIPLE, START_FLOOR_S = 4.0, 60.0
+"""Once the search has seen its groups start, a start is a hang at ``START_MULTIPLE`` times
+the slowest seen (never under ``START_FLOOR_S``, never over ``search.start_timeout_s``): a frozen
+worker then costs a minute or two, not the full bound. The floor is above the slowest healthy
+start seen on a loaded 2-core machine (trial 0's cold start, imports included, about 40 s);
+a start that is merely slow stays well inside a multiple of the slowest seen."""
+
+
+def bound_of(
+    phase: str, start_timeout_s: float, trial_timeout_s: float, slowest_start_s: float | None
+) -> tuple[str, float]:
+    """What bounds ``phase`` (as a reason shows it) and its seconds; a start's bound adapts to
+    the slowest group start seen so far (None: none seen yet)."""
+    if phase != START:
+        return f"search.trial_timeout_s={trial_timeout_s:g}s", trial_timeout_s
+    configured = f"search.start_timeout_s={start_timeout_s:g}s"
+    if slowest_start_s is None:
+        return configured, start_timeout_s
+    adaptive = max(START_FLOOR_S, START_MULTIPLE * slowest_start_s)
+    if adaptive >= start_timeout_s:
+        return configured, start_timeout_s
+    return (
+        f"{adaptive:.0f}s ({START_MULTIPLE:g}x the slowest group start seen, "
+        f"{slowest_start_s:.0f} s; {configured} is the most)", adaptive,
+    )  # fmt: skip
+
+
+def group_start_s(outcome: dict[str, Any]) -> float | None:
+    """How long the group of a configuration took to start (its imports included), where it
+    was the group's first and did start; None otherwise."""
+    timings = outcome.get("timings") or {}
+    if outcome.get("phase") == START or not timings.get("start_s"):
+        return None
+    return timings["start_s"] + timings.get("imports_s", 0.0)
+
+
+def slowest_start(
+    outcomes: Iterable[dict[str, Any]], so_far: float | None = None
+) -> float | None:
+    """The slowest group start among ``outcomes`` and ``so_far`` (None: none seen)."""
+    seen = [s for s in (so_far, *map(group_start_s, outcomes)) if s is not None]
+    return max(seen, default=None)
 
 
 class GroupRun:
@@ -159,11 +196,12 @@ class GroupRun:
             return False
         phase, since = self._waiting(current)
         search = self.ctx.config.search
-        key, bound_s = bound_of(phase, search.start_timeout_s, search.trial_timeout_s)
+        bound, bound_s = bound_of(phase, search.start_timeout_s, search.trial_timeout_s,
+                                  self.ctx.slowest_start_s)  # fmt: skip
         waited_s = time.monotonic() - since
         if waited_s <= bound_s:
             return self.heartbeat.beat(lambda: self._status(current, phase, waited_s))
-        self._finish(current, self._hang(current, phase, key, bound_s), emit)
+        self._finish(current, self._hang(current, phase, bound), emit)
         return True
 
     def _waiting(self, index: int) -> tuple[str, float]:
@@ -315,8 +353,8 @@ class GroupRun:
             "window_samples_per_s": throughputs,
         }
 
-    def _hang(self, index: int, phase: str, key: str, bound_s: float) -> Outcome:
-        """A configuration that overran ``key``: which phase, and what was last heard."""
+    def _hang(self, index: int, phase: str, bound: str) -> Outcome:
+        """A configuration that overran ``bound``: which phase, and what was last heard."""
         plan = self.plans[index]
         if phase == START:
             seen = f"{len(self.ready)} of {plan.world_size} workers ready"
@@ -326,7 +364,7 @@ class GroupRun:
             m.STATE: m.HANG,
             "phase": phase,
             m.REASON: (
-                f"hang in phase {phase}: {seen} within {key}={bound_s:g}s; the worker group "
+                f"hang in phase {phase}: {seen} within {bound}; the worker group "
                 "was ended and the configurations after it re-queued"
             ),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from orchestrator.runfiles import add_search_wall, storage_dir, update_run_info
 from orchestrator.search import evidence, study
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
+from orchestrator.search.group_run import slowest_start
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
 from orchestrator.search.results import (
     baseline_record,
@@ -100,7 +102,8 @@ def run_search(
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
         update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
-        if ran:
+        if ran:  # the groups after the search start as fast as the search's did, or hang sooner
+            ctx = dataclasses.replace(ctx, slowest_start_s=slowest_start(r.attrs for r in recs))
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
             verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)

@@ -19,7 +19,7 @@ from orchestrator.config import Config
 from orchestrator.costmodel import comm_bound
 from orchestrator.plans import plan_from_config
 from orchestrator.search.correctness import guard_check
-from orchestrator.search.group_run import START, GroupRun
+from orchestrator.search.group_run import START, GroupRun, slowest_start
 from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
@@ -33,6 +33,8 @@ WORK = "work"
 """Config key of a Tune trial: the queue its configurations (``Member`` dicts) come from."""
 NODES = "nodes"
 """Config key of a Tune trial: the node ids its workers must stay on (None: anywhere)."""
+SLOWEST_START = "slowest_start_s"
+"""Config key of a Tune trial: the slowest group start the search has seen (None: none)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class TrialContext:
     notices: Any = None
     """A queue on the driver for a trial's heartbeat lines (a trial's own prints do not reach
     the terminal); None: print them."""
+    slowest_start_s: float | None = None
+    """The slowest worker-group start seen so far (``group_run.bound_of``); None: none yet."""
 
 
 def sampled_params(config: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
@@ -121,6 +125,7 @@ def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
     members: list[Member] = []  # the feasible ones, in the group's order
     try:
         out = ctx.notices.put if ctx.notices is not None else say
+        ctx = dataclasses.replace(ctx, slowest_start_s=config.get(SLOWEST_START))
         run = GroupRun(ctx, f"group_{tune.get_context().get_trial_id()}", config.get(NODES), out)
         _measure(run, _members(config[WORK], ctx, report, members), members, ctx, report)
     except Exception as e:  # a driver-side bug must not kill the search; keep its trace
@@ -209,6 +214,8 @@ def measure_plans(
 
             group = GroupRun(ctx, name=f"{name}_{todo[0]:02d}", owned=True)
             reached = group.run(iter([items[i] for i in todo]), emit)  # those it took, at most
+            seen = slowest_start(filter(None, reached), ctx.slowest_start_s)
+            ctx = dataclasses.replace(ctx, slowest_start_s=seen)  # the next group's bound
             for i, outcome in zip(todo, reached, strict=False):
                 outcomes[i] = outcome
             left = [i for i in todo if outcomes[i] is None]

@@ -23,6 +23,7 @@ from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.placement import choose_nodes, trial_resources
+from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
@@ -30,6 +31,7 @@ from orchestrator.search.study import INTERRUPTED, REQUEUE
 from orchestrator.search.trial import (
     NODES,
     OUTCOME,
+    SLOWEST_START,
     TRIAL_NUMBER,
     WORK,
     Member,
@@ -127,7 +129,12 @@ class GroupSearch(Searcher):
         group = Group(self.make_queue(), first.env, [], nodes)
         self.running[trial_id] = group
         self._send(group, first)
-        return {WORK: group.work, NODES: nodes}
+        return {WORK: group.work, NODES: nodes, SLOWEST_START: self._slowest_start()}
+
+    def _slowest_start(self) -> float | None:
+        """The slowest group start of this study's trials so far (a resumed study's too): a
+        new group's start is bounded by a multiple of it (``group_run.bound_of``)."""
+        return slowest_start(t.user_attrs for t in self.study.get_trials(deepcopy=False))
 
     def _nodes(self) -> list[str] | None:
         """Nodes no running group uses, enough for one group (concurrency above 1 only)."""

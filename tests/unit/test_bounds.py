@@ -7,7 +7,15 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.config import ConfigError, SearchConfig
-from orchestrator.search.group_run import MEASURE, START, GroupRun, bound_of, waiting_on
+from orchestrator.search.group_run import (
+    MEASURE,
+    START,
+    START_FLOOR_S,
+    GroupRun,
+    bound_of,
+    slowest_start,
+    waiting_on,
+)
 from orchestrator.workers import Heartbeat
 from train_fns import metrics as m
 
@@ -24,8 +32,29 @@ def test_later_configurations_are_measured_from_their_start_or_dispatch() -> Non
 
 
 def test_each_phase_has_its_own_bound() -> None:
-    assert bound_of(START, 40.0, 900.0) == ("search.start_timeout_s", 40.0)
-    assert bound_of(MEASURE, 40.0, 900.0) == ("search.trial_timeout_s", 900.0)
+    assert bound_of(START, 40.0, 900.0, None) == ("search.start_timeout_s=40s", 40.0)
+    assert bound_of(MEASURE, 40.0, 900.0, None) == ("search.trial_timeout_s=900s", 900.0)
+    assert bound_of(MEASURE, 40.0, 900.0, 1.0)[1] == 900.0, "a measurement does not adapt"
+
+
+def test_a_start_adapts_to_the_slowest_start_seen_within_floor_and_cap() -> None:
+    text, seconds = bound_of(START, 300.0, 900.0, 20.0)
+    assert seconds == 80.0 and "4x the slowest group start seen, 20 s" in text
+    assert "search.start_timeout_s=300s is the most" in text
+    assert bound_of(START, 300.0, 900.0, 3.0)[1] == START_FLOOR_S, "never under the floor"
+    assert bound_of(START, 300.0, 900.0, 90.0) == ("search.start_timeout_s=300s", 300.0)
+
+
+def test_the_starts_seen_are_first_configurations_that_started() -> None:
+    outcomes = [
+        {"timings": {"start_s": 12.0, "imports_s": 6.0}},  # a group's first: 18 s in all
+        {"timings": {"start_s": 0.0, "imports_s": 0.0}},  # a warm group's second
+        {"phase": START, "timings": {"start_s": 300.0}},  # a hang while starting: not a start
+        {m.STATE: m.INFEASIBLE},  # never ran
+    ]
+    assert slowest_start(outcomes) == 18.0
+    assert slowest_start(outcomes, so_far=25.0) == 25.0
+    assert slowest_start([], None) is None
 
 
 def test_start_timeout_is_bounded() -> None:
@@ -53,11 +82,14 @@ class _Plan(SimpleNamespace):
     world_size, num_windows = 2, 3
 
 
-def _run(clock: list[float]) -> GroupRun:
+def _run(clock: list[float], slowest_start_s: float | None = None) -> GroupRun:
     """A GroupRun at fit() start (t=0) without Ray: a search config and one dispatched plan."""
     run = GroupRun.__new__(GroupRun)
     search = SearchConfig(start_timeout_s=40.0, trial_timeout_s=100.0, heartbeat_s=30.0)
-    run.ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+    if slowest_start_s is not None:
+        search = SearchConfig(start_timeout_s=300.0, trial_timeout_s=100.0, heartbeat_s=30.0)
+    run.ctx = SimpleNamespace(config=SimpleNamespace(search=search),
+                              slowest_start_s=slowest_start_s)  # fmt: skip
     run.name, run.plans, run.outcomes, run.ends = "g", [_Plan()], [None], [{}]
     run.started, run.ready, run.progress, run.imports_s = {}, set(), {}, 0.0
     run.places = {}
@@ -100,6 +132,38 @@ def test_a_started_group_is_bounded_by_trial_timeout(monkeypatch) -> None:
     assert run._late(lambda i, o: told.append(o)) is True
     assert told[0]["phase"] == MEASURE and "1 of 3 windows" in told[0][m.REASON]
     assert told[0]["timings"]["start_s"] == 20.0
+
+
+def test_a_start_far_slower_than_those_seen_is_a_hang_sooner(monkeypatch) -> None:
+    """Starts of 10 s seen: a group frozen while starting is a hang at the 60 s floor, not at
+    search.start_timeout_s=300 s; the reason says which bound fired and why."""
+    clock = [0.0]
+    monkeypatch.setattr("orchestrator.search.group_run.time.monotonic", lambda: clock[0])
+    run, told = _run(clock, slowest_start_s=10.0), []
+    run._take({"kind": "start", "index": 0, "rank": 0}, told.append)
+    clock[0] = 59.0
+    assert run._late(lambda i, o: told.append(o)) is False
+    clock[0] = 61.0
+    assert run._late(lambda i, o: told.append(o)) is True
+    assert told[0]["phase"] == START
+    assert "within 60s (4x the slowest group start seen, 10 s; search.start_timeout_s=300s is " \
+        "the most)" in told[0][m.REASON], told[0][m.REASON]
+
+
+def test_a_slow_but_healthy_start_on_a_loaded_machine_is_not_a_hang(monkeypatch) -> None:
+    """A loaded machine's starts took 40 s: a start of 150 s (busier still) is inside 4x and
+    goes on to be measured."""
+    clock = [0.0]
+    monkeypatch.setattr("orchestrator.search.group_run.time.monotonic", lambda: clock[0])
+    run, told = _run(clock, slowest_start_s=40.0), []
+    for t in (30.0, 90.0, 150.0):
+        clock[0] = t
+        assert run._late(lambda i, o: told.append(o)) is False
+    for rank in (0, 1):
+        run._take({"kind": "start", "index": 0, "rank": rank}, told.append)
+    clock[0] = 200.0  # past the start's bound of 160 s, but the group is measuring now
+    assert run._late(lambda i, o: told.append(o)) is False and not told
+    assert run.started[0] == 150.0
 
 
 def test_each_configuration_carries_where_its_ranks_ran(monkeypatch) -> None:

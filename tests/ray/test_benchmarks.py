@@ -1,0 +1,62 @@
+"""Every benchmark keeps running (issue 26): each script under benchmarks/ has a ``--quick`` mode,
+and this runs it as a user would, ``python -m benchmarks.NAME --quick``, checking the line that
+carries its figure. The ones that need no Ray run in the default suite; those that run real
+searches are slow. A new benchmark without a quick mode, or one this file does not run, fails
+the first test."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = {
+    "bad_inputs": r"\| 2 \| [0-9.]+ \| .*error: .*\n\n2 bad inputs; slowest",
+    "search_efficiency": r"target staged median <= grid/5 .*\n.*8xA100-nvlink",
+    "gpu_check": r"== worker: ok .*\nworker: bert-tiny fp32 DDP x1, per-phase syncs: [0-9.]+ ",
+    "workload_contract": r"smoke in one process: forward\+backward contract / before = [0-9.]+",
+}
+"""Script -> what its quick output must hold (no Ray: seconds each)."""
+SLOW = {
+    "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
+    "record_grid": r"accumulation_steps,samples_per_s,cv,state\n(1|2|4|8),[0-9.]+,",
+    "verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
+}
+"""Script -> what its quick output must hold (real searches: a few minutes each)."""
+
+
+def _scripts() -> set[str]:
+    return {p.stem for p in (ROOT / "benchmarks").glob("*.py")
+            if 'if __name__ == "__main__"' in p.read_text()}  # fmt: skip
+
+
+def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
+    scripts = _scripts()
+    assert scripts == set(QUICK) | set(SLOW), "run each benchmark's --quick here"
+    for name in scripts:
+        assert '"--quick"' in (ROOT / "benchmarks" / f"{name}.py").read_text(), name
+
+
+def _quick(name: str, pattern: str, timeout_s: float) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick"], cwd=ROOT, capture_output=True,
+        text=True, timeout=timeout_s,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(pattern, proc.stdout), out[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(QUICK))
+def test_quick_benchmark_runs(name: str) -> None:
+    _quick(name, QUICK[name], timeout_s=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SLOW))
+def test_quick_search_benchmark_runs(name: str) -> None:
+    _quick(name, SLOW[name], timeout_s=900)
