@@ -5,7 +5,9 @@ For each preset (``smoke``, ``cpu-demo`` by default) it runs the real search twi
 share environment variables share a worker group), with the same seed, no re-measurement and no
 scaling baseline, and prints the measured share of the trials' wall-clock (measured steps over
 the time from the first trial's start to the last one's end) and its largest overheads, read
-from each run's ``trials.csv`` and ``run_info.json``.
+from each run's ``trials.csv`` and ``run_info.json``; then whether warm and cold evaluation
+order the configurations both completed alike (pairwise), since a warm group is only worth
+its saving if it ranks as fresh workers do.
 
     python -m benchmarks.overhead                     # both presets (about 15 min on 2 cores)
     python -m benchmarks.overhead --presets smoke     # one
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -49,6 +52,29 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
     return totals
 
 
+def samples_per_s_by_config(out: Path) -> dict[tuple, float]:
+    """Completed trials' samples/s, keyed by their params (the columns between ``state`` and
+    ``samples_per_s`` in trials.csv)."""
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    if not rows:
+        return {}
+    header = list(rows[0])
+    names = header[header.index("state") + 1 : header.index("samples_per_s")]
+    return {tuple(r[n] for n in names): float(r["samples_per_s"])
+            for r in rows if r["state"] == "complete"}  # fmt: skip
+
+
+def ranking_line(preset: str, cold: dict[tuple, float], warm: dict[tuple, float]) -> str:
+    """Do warm and cold evaluation order the configurations both measured alike? Pairwise."""
+    common = [k for k in cold if k in warm]
+    pairs = list(itertools.combinations(common, 2))
+    if not pairs:
+        return f"{preset}: fewer than 2 configurations completed both warm and cold"
+    agree = sum((cold[a] > cold[b]) == (warm[a] > warm[b]) for a, b in pairs)
+    return (f"{preset}: warm and cold order {agree}/{len(pairs)} pairs of the {len(common)} "
+            "configurations both completed alike")  # fmt: skip
+
+
 def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
     parts = ["start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s"]
     head = f"{'preset':10} {'evaluation':10} {'trials':>6} {'command':>8} {'trials wall':>11} "
@@ -78,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         args.presets, args.set = ["smoke"], [*args.set, "search.trials=2"]
     extra = [item for kv in args.set for item in ("--set", kv)]
     results: dict[tuple[str, str], dict[str, float]] = {}
+    rankings = []
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
         for preset in args.presets:
             for warm in (False, True):
@@ -86,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 results[preset, mode] = run_search(
                     preset, warm, Path(tmp) / f"{preset}-{mode}", extra
                 )
+            cold_out, warm_out = (Path(tmp) / f"{preset}-{m}" for m in ("cold", "warm"))
+            rankings.append(ranking_line(preset, samples_per_s_by_config(cold_out),
+                                         samples_per_s_by_config(warm_out)))  # fmt: skip
     print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
     print("\n".join(table(results)))
     for preset in args.presets:
@@ -96,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             f"measured share {cold['measured_s'] / cold['search_wall_s']:.0%} -> "
             f"{warm['measured_s'] / warm['search_wall_s']:.0%}"
         )
+    print("\n".join(rankings))
     return 0
 
 

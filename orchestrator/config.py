@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from orchestrator.address import check_address
 from orchestrator.inputs import (
     ConfigError,
-    check_address,
     check_choice,
     check_finite,
     check_name,

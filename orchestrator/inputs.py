@@ -13,11 +13,9 @@ import difflib
 import math
 import os
 import re
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
@@ -227,43 +225,6 @@ def check_storage(url: str | None, key: str = "search.storage") -> None:
         path = Path(parsed.database).expanduser()
     if not path.parent.is_dir():
         raise ConfigError(key, f"{path.parent} is not a folder; create it or use another path")
-
-
-ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}|auto|local")
-
-
-def check_address(address: str | None, key: str = "cluster.address") -> None:
-    """``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` (a typo made Ray retry for minutes)."""
-    if address is None:
-        return
-    port = address.rpartition(":")[2]
-    if not ADDRESS.fullmatch(address) or (port.isdigit() and not 0 < int(port) < 65536):
-        raise ConfigError(key, f"got {address!r}; use auto, HOST:PORT or ray://HOST:PORT")
-
-
-REACH_TIMEOUT_S = 1.5
-"""How long a TCP connect to a cluster may take: a head answers in milliseconds, even across
-regions (and a lost SYN is resent after 1 s); an address nothing answers at made Ray retry
-for a minute or more before it failed."""
-
-
-def check_reachable(address: str | None, key: str, fix: str) -> None:
-    """Something listens at ``address`` (``HOST:PORT``, ``ray://HOST:PORT`` or an http(s)
-    URL): a TCP connect, closed at once. ``auto`` and what does not parse are left to Ray."""
-    if address is None or address in ("auto", "local"):
-        return
-    try:
-        url = urlsplit(address if "://" in address else f"tcp://{address}")
-        host, port = url.hostname, url.port or {"http": 80, "https": 443}.get(url.scheme)
-    except ValueError:  # a port out of range: check_address names it
-        return
-    if not host or not port:
-        return
-    try:
-        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
-    except OSError as e:
-        why = f"no answer in {REACH_TIMEOUT_S:g} s" if isinstance(e, TimeoutError) else e.strerror
-        raise ConfigError(key, f"nothing answers at {address} ({why or e}); {fix}") from e
 
 
 def check_report_path(out: Path, key: str = "--out") -> None:

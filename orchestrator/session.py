@@ -11,8 +11,8 @@ import math
 import os
 from typing import Any
 
+from orchestrator.address import check_reachable
 from orchestrator.config import ClusterConfig, Config, ConfigError
-from orchestrator.inputs import check_reachable
 from orchestrator.placement import PlacementError, layout_for
 from orchestrator.runfiles import topology
 

@@ -24,7 +24,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,7 +39,11 @@ the exposed communication."""
 class StepTimer:
     """Accumulates phase times within a step and keeps per-step records for one window."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(
+        self, device: torch.device, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.clock = clock
+        """The host clock (a test gives a logical one: no bound that a loaded machine breaks)."""
         self.sync_cuda = device.type == "cuda"
         self._steps: list[dict[str, float]] = []
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -57,14 +61,14 @@ class StepTimer:
     def now(self) -> float:
         """The host clock after the device caught up (for measurements outside a step)."""
         self.sync()
-        return time.perf_counter()
+        return self.clock()
 
     def start_step(self, profiled: bool = True) -> None:
         """Open a step; ``profiled`` (CUDA) times its phases with a sync at each boundary,
         else only its total, with one sync at its end (see the module docstring)."""
         self._profiled = profiled or not self.sync_cuda
         self._current = dict.fromkeys(PHASES, 0.0)
-        self._step_start = self.now() if self.sync_cuda and self._profiled else time.perf_counter()
+        self._step_start = self.now() if self.sync_cuda and self._profiled else self.clock()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

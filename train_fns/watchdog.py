@@ -28,6 +28,7 @@ class Watchdog:
         deadline_s: float,
         exit_fn: Callable[[int], object] = os._exit,
         marker_dir: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if deadline_s <= 0:
             raise ValueError(f"step_deadline_s={deadline_s} must be > 0")
@@ -35,7 +36,9 @@ class Watchdog:
         self.deadline_s = deadline_s
         self._exit_fn = exit_fn
         self._marker_dir = marker_dir
-        self._last_beat = time.monotonic()
+        self._clock = clock
+        """Monotonic seconds (a test gives a logical clock: no bound a loaded machine breaks)."""
+        self._last_beat = clock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="commtune-watchdog", daemon=True)
 
@@ -46,7 +49,7 @@ class Watchdog:
 
     def beat(self) -> None:
         """A step finished: the deadline starts again."""
-        self._last_beat = time.monotonic()
+        self._last_beat = self._clock()
 
     def stop(self) -> None:
         """Training ended (normally or by an exception): stop watching."""
@@ -57,16 +60,22 @@ class Watchdog:
     def _watch(self) -> None:
         poll_s = min(1.0, self.deadline_s / 4)
         while not self._stopped.wait(poll_s):
-            if time.monotonic() - self._last_beat < self.deadline_s:
-                continue
-            message = (
-                f"{WATCHDOG_PREFIX} rank {self.rank} finished no step in "
-                f"{self.deadline_s:g}s; ending this worker (hang)"
-            )
-            print(message, file=sys.stderr, flush=True)
-            self._leave_marker(message)
-            self._exit_fn(HANG_EXIT_CODE)
-            return
+            if self.check():
+                return
+
+    def check(self) -> bool:
+        """One look (the watching thread's, every poll): True, with the worker ended, when no
+        beat came within the deadline."""
+        if self._clock() - self._last_beat < self.deadline_s:
+            return False
+        message = (
+            f"{WATCHDOG_PREFIX} rank {self.rank} finished no step in "
+            f"{self.deadline_s:g}s; ending this worker (hang)"
+        )
+        print(message, file=sys.stderr, flush=True)
+        self._leave_marker(message)
+        self._exit_fn(HANG_EXIT_CODE)
+        return True
 
     def _leave_marker(self, message: str) -> None:
         if self._marker_dir is None:

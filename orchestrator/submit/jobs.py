@@ -22,7 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchestrator.inputs import check_reachable, parse_env_items
+from orchestrator.address import check_reachable
+from orchestrator.inputs import parse_env_items
 from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

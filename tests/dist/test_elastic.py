@@ -126,17 +126,20 @@ def test_adaptive_resplit_in_training_keeps_the_global_batch_and_resumes(tmp_pat
     """Started at 4 accumulation steps of micro-batch 1 with room up to micro-batch 4, the
     controller sees a comm/compute ratio far below 4 and re-splits toward 1 step; the global
     batch stays 8, and a resume from a checkpoint after the change keeps the new split."""
-    adaptive = spec(8, 4, accumulation_steps=4, micro_batch=1)
+    adaptive = spec(8, 2, accumulation_steps=4, micro_batch=1)  # a checkpoint every 2 steps
     adaptive["max_micro_batch"] = 4
     adaptive["adaptive"] = {"window": 2, "max_steps": 8}
     whole = run_distributed(_train, adaptive, None, str(tmp_path / "a"))[0]
     events = [e for r in whole for e in r.get(m.EVENTS, []) if e["kind"] == "resplit"]
     assert events and events[0]["from"][0] == 4 and events[0]["to"][0] < 4
+    assert events[0]["step"] <= 6, "the controller changes the split within three windows"
     assert {r[m.GLOBAL_BATCH] for r in whole} == {8}
     last_split = (whole[-1][m.ACCUMULATION_STEPS], whole[-1][m.MICRO_BATCH])
-    resumed = run_distributed(_train, adaptive, str(tmp_path / "a" / "step_4"), str(tmp_path / "b"))
+    after = next(s for s in (2, 4, 6) if s >= events[0]["step"])  # the first checkpoint after it
+    resumed = run_distributed(
+        _train, adaptive, str(tmp_path / "a" / f"step_{after}"), str(tmp_path / "b")
+    )
     first = resumed[0][0]
-    assert first[m.GLOBAL_BATCH] == 8 and first[m.STEP] == 5
-    if events[0]["step"] <= 4:  # the change happened before the checkpoint: it is kept
-        assert (first[m.ACCUMULATION_STEPS], first[m.MICRO_BATCH]) != (4, 1)
+    assert first[m.GLOBAL_BATCH] == 8 and first[m.STEP] == after + 1
+    assert (first[m.ACCUMULATION_STEPS], first[m.MICRO_BATCH]) != (4, 1), "the new split is kept"
     assert resumed[0][-1][m.STEP] == 8 and last_split[0] * last_split[1] * 2 == 8

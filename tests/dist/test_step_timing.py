@@ -17,7 +17,8 @@ from train_fns.plan import TrialPlan
 from train_fns.timing import StepTimer
 
 SYNCS = [0]
-SLOW_BATCH_S = 0.2
+SLOW_BATCH_S = 1000.0
+"""What one batch build takes on the timer's clock: far beyond any real step."""
 
 
 class CountingTimer(StepTimer):
@@ -65,23 +66,36 @@ def test_a_measured_step_syncs_once_but_the_profiled_one_per_window() -> None:
                 assert count == 1, (step, per_step)  # its end only
 
 
+class SkewedClock:
+    """The host clock plus what the batch builds "took": a build costs ``SLOW_BATCH_S`` on this
+    clock and nothing on the machine, so a loaded machine cannot blur the test."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.skew
+
+
 def _window_with_slow_batches(rank: int, world: int, plan: TrialPlan) -> dict[str, float]:
     runner, _ = build_runner(plan, rank, CPU)
-    build = runner.workload.batch
+    clock, build = SkewedClock(), runner.workload.batch
+    runner.timer = StepTimer(CPU, clock=clock)
 
     def slow_batch(indices: list[int]) -> object:
-        time.sleep(SLOW_BATCH_S)  # a costly host-side batch build (e.g. sample by sample)
+        clock.skew += SLOW_BATCH_S  # a costly host-side batch build (e.g. sample by sample)
         return build(indices)
 
     runner.workload.batch = slow_batch
     for step in range(3):
         runner.run_step(step)
-    return runner.timer.take_window()
+    return {**runner.timer.take_window(), "builds_s": clock.skew}
 
 
 def test_batches_are_built_before_the_step_clock_starts() -> None:
     plan = tiny_plan(accumulation_steps=2)
     for window in run_distributed(_window_with_slow_batches, plan):
-        # two micro-batches a step, 0.2 s each to build: not in the data wait (the copy to the
-        # device), so not in the step time the search compares (a loaded machine adds noise)
-        assert window["data"] < SLOW_BATCH_S, window
+        # two micro-batches a step, each a long build: not in the data wait (the copy to the
+        # device), nor anywhere else in the step the search compares
+        assert window["builds_s"] >= 6 * SLOW_BATCH_S, "the builds ran (3 steps x 2)"
+        assert window["data"] < SLOW_BATCH_S and window["total"] < SLOW_BATCH_S, window

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from _heads import ROOT, leftovers
+from _stalls import descendants
 
 SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
 
@@ -71,9 +72,9 @@ def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     exactly --steps with the uninterrupted run's final loss."""
     process = start(tmp_path, "--steps", "40", "--max-failures", "2")
     wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)  # a checkpoint at step 10 exists
-    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True)
-    pids = [int(p) for p in workers.stdout.split()]
-    assert pids, "no Ray Train worker process found"
+    # only this run's own workers (its descendants): never another job's on a shared machine
+    pids = sorted(p for p, args in descendants(process.pid).items() if "RayTrainWorker" in args)
+    assert pids, "no Ray Train worker process of this run found"
     os.kill(pids[-1], signal.SIGKILL)
     wait_for(tmp_path, lambda rs: any(r["attempt"] == "2" and int(r["step"]) >= 25 for r in rs))
     failures = [e for e in events(tmp_path) if e["kind"] == "failure"]

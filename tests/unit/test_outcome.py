@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.search.outcome import classify_failure, summarize
+from orchestrator.search.outcome import classify_failure, comm_split, summarize
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -127,3 +127,22 @@ def test_trial_line_shows_exposed_comm_and_its_bound() -> None:
     result = {"exposed_comm_s": 0.012, "comm_fraction": 0.25, "comm_bound_s": 0.008}
     assert comm_text(result) == ", comm 12 ms exposed = 25%, bound 8 ms at the probed bandwidth"
     assert comm_text({}) == ""
+
+
+def test_comm_split_takes_the_slowest_ranks_exposed_comm_and_the_median_window() -> None:
+    """Exposed comm is a rank's syncing micro-step minus its no-sync twin (never below 0), the
+    window's the largest over ranks; compute is the slowest fwd+bwd less it; medians over
+    windows. Figures chosen so that min for max, or mean for median, gives other numbers."""
+    def w(sync: float, nosync: float, fwd_bwd: float) -> dict[str, float]:
+        return {m.SYNC_MICRO_S: sync, m.NOSYNC_MICRO_S: nosync, m.FWD_BWD_S: fwd_bwd}
+
+    windows = [
+        [w(0.30, 0.20, 0.50), w(0.25, 0.24, 0.60)],  # exposed 0.10, compute 0.50
+        [w(0.22, 0.20, 0.40), w(0.20, 0.21, 0.45)],  # exposed 0.02 (-0.01 is 0), compute 0.43
+        [w(0.90, 0.20, 1.50), w(0.30, 0.25, 0.50)],  # exposed 0.70, compute 0.80
+    ]
+    split = comm_split(windows)
+    assert split[m.EXPOSED_COMM_S] == pytest.approx(0.10)
+    assert split[m.COMPUTE_S] == pytest.approx(0.50)
+    assert split[m.COMM_FRACTION] == pytest.approx(0.10 / 0.60)
+    assert comm_split([[{m.SYNC_MICRO_S: 0.1, m.FWD_BWD_S: 0.2}]]) == {}, "no twin: no split"

@@ -83,7 +83,9 @@ def test_grid_slice_drops_pinned_values_a_constraint_rules_out() -> None:
 def test_staged_points_are_valid_points_of_the_space() -> None:
     space = _space()
     study = _run(space, "staged", 40, 45)
-    for params in _enqueued(study):
+    enqueued = _enqueued(study)
+    assert len(enqueued) >= 20, "stages 1 and 2 enqueue most of the 40 trials' points"
+    for params in enqueued:
         full = space.from_optuna_params(params)
         assert space.optuna_params(full) == params
         assert "static_graph" not in full or full["accumulation_steps"] == 1
@@ -93,7 +95,7 @@ def test_staged_points_are_valid_points_of_the_space() -> None:
 def test_staged_never_enqueues_twice_and_stops_for_stage_3() -> None:
     study = _run(_space(), "staged", 40, 45)
     keys = [repr(sorted(p.items())) for p in _enqueued(study)]
-    assert len(keys) == len(set(keys))
+    assert len(keys) == len(set(keys)) >= 20
     assert len(keys) <= 40 - 10  # stage 3's quarter is left to the sampler
 
 

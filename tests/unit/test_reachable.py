@@ -6,14 +6,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from orchestrator.address import check_reachable
 from orchestrator.config import Config, ConfigError
-from orchestrator.inputs import check_reachable
 from orchestrator.session import check_ray_address, start_ray
 from orchestrator.submit import cli as submit
 
@@ -29,16 +30,47 @@ def listening() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
+@pytest.fixture
+def grpc_like() -> Iterator[int]:
+    """A port that answers HTTP/2's preface with a SETTINGS frame, as a gRPC server (Ray's GCS,
+    its client server) does at once."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:  # closed: the test is over
+                return
+            with connection:
+                connection.recv(64)
+                connection.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_an_answering_address_passes_and_auto_is_left_to_ray(listening: int) -> None:
-    for address in (f"127.0.0.1:{listening}", f"ray://127.0.0.1:{listening}", "auto", None):
+def test_an_answering_address_passes_and_auto_is_left_to_ray(
+    grpc_like: int, listening: int
+) -> None:
+    for address in (f"127.0.0.1:{grpc_like}", f"ray://127.0.0.1:{grpc_like}", "auto", None):
         check_reachable(address, "--address", "fix")
-    check_reachable(f"http://127.0.0.1:{listening}", "--address", "fix")
+    check_reachable(f"http://127.0.0.1:{listening}", "--address", "fix")  # no gRPC asked of it
+
+
+def test_a_port_that_answers_but_not_as_ray_is_refused(listening: int) -> None:
+    """Ray waited without end on a port that accepts a connection and says nothing."""
+    with pytest.raises(ConfigError, match="something answers at 127.0.0.1:.* not as a Ray"):
+        check_reachable(f"127.0.0.1:{listening}", "--address", "fix")
 
 
 def test_a_closed_port_an_unknown_host_and_silence_are_refused(
@@ -65,18 +97,37 @@ def test_ray_address_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -
         check_ray_address(Config())
 
 
-def test_an_answer_that_is_not_ray_is_one_line_not_a_traceback(
-    listening: int, monkeypatch: pytest.MonkeyPatch
+def test_an_answer_that_is_not_ray_through_the_cli_is_one_line_fast(
+    listening: int, tmp_path: Path
 ) -> None:
-    """Something answers, but Ray cannot join it (its retries end in ConnectionError)."""
+    """A real search pointed at a port that accepts and says nothing (it waited over 300 s in
+    ray.init before): exit 2, one line naming --address, no Ray started, nothing written."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--address",
+         f"127.0.0.1:{listening}", "--out", str(tmp_path / "out")],  # fmt: skip
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert "--address: something answers at" in err[0] and "not as a Ray cluster" in err[0]
+    assert not (tmp_path / "out").exists() and "Started a local Ray" not in proc.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_a_join_that_ray_refuses_is_one_config_error(
+    grpc_like: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gRPC service that is not Ray: Ray's retries end in ConnectionError, said in one line
+    (the stand-in answers as gRPC does; ray.init stands in for Ray's join)."""
     import ray
 
     def refuse(**kwargs: object) -> None:
-        raise ConnectionError(f"Failed to connect to Ray cluster at 127.0.0.1:{listening}")
+        raise ConnectionError(f"Failed to connect to Ray cluster at 127.0.0.1:{grpc_like}")
 
     monkeypatch.setattr(ray, "init", refuse)
     config = Config()
-    config.cluster.address = f"127.0.0.1:{listening}"
+    config.cluster.address = f"127.0.0.1:{grpc_like}"
     with pytest.raises(ConfigError, match="cluster.address: cannot join a Ray cluster at"):
         start_ray(config, verbose=False)
 

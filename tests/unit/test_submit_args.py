@@ -311,8 +311,10 @@ def test_follow_says_the_jobs_state_after_a_silence_and_keeps_streaming(capsys) 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "first line" and "last line" in lines, lines
     quiet = lines[1 : lines.index("last line")]
-    assert len(quiet) == 2 and all("job job-1: SUCCEEDED" in q for q in quiet), lines
-    assert "no new log line for 1 s" in quiet[0] and "for 2 s" in quiet[1]
+    # one line a second of silence: 2 in 2.5 s, a third where a loaded machine woke late
+    assert 2 <= len(quiet) <= 3 and all("job job-1: SUCCEEDED" in q for q in quiet), lines
+    silences = [int(q.rsplit("for ", 1)[1].removesuffix(" s")) for q in quiet]
+    assert all(k + 1 <= s <= k + 2 for k, s in enumerate(silences)), quiet
 
 
 def test_a_talkative_job_has_no_heartbeat(capsys) -> None:

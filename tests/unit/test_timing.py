@@ -4,8 +4,6 @@ defect 7: a sync at every phase boundary held back the CPU and FSDP2's prefetch)
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -27,26 +25,48 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _step(timer: StepTimer, work_s: float, profiled: bool, accumulation: int = 2) -> None:
+class Clock:
+    """A logical host clock: time moves only when a step's work says so, so the bounds below
+    are exact whatever else the machine is doing."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _timer(device: torch.device = CUDA) -> tuple[StepTimer, Clock]:
+    clock = Clock()
+    return StepTimer(device, clock=clock), clock
+
+
+def _step(
+    timer: StepTimer, work_s: float, profiled: bool, accumulation: int = 2, data_s: float = 0.0
+) -> None:
     """A step as ``StepRunner.run_step`` times it: data, fwd_bwd (sync_micro inside the last
-    micro-step), optim."""
+    micro-step), optim; each micro-step waits ``data_s`` then works ``work_s``."""
+    clock = timer.clock
     timer.start_step(profiled)
     for micro in range(accumulation):
         with timer.phase("data"):
-            pass
+            clock.advance(data_s)
         with timer.phase("fwd_bwd"):
             if micro == accumulation - 1:
                 with timer.phase("sync_micro"):
-                    time.sleep(work_s)
+                    clock.advance(work_s)
             else:
-                time.sleep(work_s)
+                clock.advance(work_s)
     with timer.phase("optim"):
         pass
     timer.end_step()
 
 
 def test_a_plain_cuda_step_syncs_once(syncs: list[int]) -> None:
-    timer = StepTimer(CUDA)
+    timer, _ = _timer()
     for _ in range(3):
         before = syncs[0]
         _step(timer, 0.0, profiled=False)
@@ -54,7 +74,7 @@ def test_a_plain_cuda_step_syncs_once(syncs: list[int]) -> None:
 
 
 def test_a_profiled_cuda_step_syncs_at_its_phase_boundaries(syncs: list[int]) -> None:
-    timer = StepTimer(CUDA)
+    timer, _ = _timer()
     _step(timer, 0.0, profiled=True, accumulation=2)
     # start, end, and both ends of 2 data + 2 fwd_bwd + 1 sync_micro + 1 optim phases
     assert syncs[0] == 2 + 2 * 6
@@ -63,25 +83,30 @@ def test_a_profiled_cuda_step_syncs_at_its_phase_boundaries(syncs: list[int]) ->
 def test_the_headline_comes_from_plain_steps_and_the_split_from_the_profiled_one(
     syncs: list[int],
 ) -> None:
-    timer = StepTimer(CUDA)
+    timer, _ = _timer()
     for work_s in (0.004, 0.012, 0.008):
         _step(timer, work_s, profiled=False)
     _step(timer, 0.03, profiled=True)  # the profiled step: slower (its syncs), and measured
     window = timer.take_window()
     assert window["num_steps"] == 4
-    assert 0.016 <= window["total"] < 0.03  # the median plain step (2 x 8 ms of work)
-    assert window["fwd_bwd"] >= 0.06 and window["sync_micro"] >= 0.03  # the profiled step's
-    assert window["fwd_bwd"] >= window["sync_micro"] > 0 and window["data"] >= 0
+    assert window["total"] == pytest.approx(0.016)  # the median plain step (2 x 8 ms of work)
+    assert window["fwd_bwd"] == pytest.approx(0.06)  # the profiled step's phases, not 0
+    assert window["sync_micro"] == pytest.approx(0.03) and window["data"] == 0.0
 
 
 def test_on_cpu_every_step_is_profiled_and_the_window_is_its_median_step() -> None:
-    timer = StepTimer(torch.device("cpu"))
-    for work_s in (0.002, 0.01, 0.005):
-        _step(timer, work_s, profiled=False)  # nothing to wait for on CPU: phases kept anyway
+    """The window's phases are the median step's own, not medians taken phase by phase: the
+    steps are chosen so that the two differ (phase by phase, data would be 10 ms)."""
+    timer, _ = _timer(torch.device("cpu"))
+    for data_s, work_s in ((0.005, 0.001), (0.0005, 0.0075), (0.006, 0.001)):
+        # (data, fwd_bwd) of (10, 2), (1, 15) and (12, 2) ms: totals 12, 16, 14; median the third
+        _step(timer, work_s, profiled=False, data_s=data_s)  # on CPU: phases kept anyway
     window = timer.take_window()
-    assert 0.01 <= window["fwd_bwd"] < 0.02 and window["sync_micro"] >= 0.005
+    assert window["total"] == pytest.approx(0.014)
+    assert window["data"] == pytest.approx(0.012) and window["fwd_bwd"] == pytest.approx(0.002)
+    assert window["sync_micro"] == pytest.approx(0.001)
     parts = window["data"] + window["fwd_bwd"] + window["optim"]
-    assert parts == pytest.approx(window["total"], rel=0.2)
+    assert parts == pytest.approx(window["total"])
 
 
 def test_the_peak_counts_the_devices_used_memory_beside_torchs(
@@ -89,7 +114,7 @@ def test_the_peak_counts_the_devices_used_memory_beside_torchs(
 ) -> None:
     """NCCL's buffers are not torch allocations: the GPU's used memory (total - free, sampled
     at step ends) is the peak when it is the larger (issue 13, defect 10)."""
-    timer = StepTimer(CUDA)
+    timer, _ = _timer()
     for free in (6, 2, 5):  # 10, 14, 11 GiB in use at the steps' ends
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None, f=free: (f * GiB, 16 * GiB))
         _step(timer, 0.0, profiled=False)

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -250,16 +249,28 @@ def test_precision_autocast_and_nonfinite_count() -> None:
     assert bf16.num_nonfinite() == 0
 
 
+class _Clock:
+    """A logical clock that moves only when told: exact bounds on any machine."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_step_timer_reports_medians() -> None:
-    timer = StepTimer(CPU)
-    for sleep_s in (0.001, 0.02, 0.002):
+    clock = _Clock()
+    timer = StepTimer(CPU, clock=clock)
+    for work_s in (0.001, 0.02, 0.002):
         timer.start_step()
         with timer.phase("fwd_bwd"):
-            time.sleep(sleep_s)
+            clock.t += work_s
+        clock.t += 0.0005  # outside every phase: in the total only
         timer.end_step()
     window = timer.take_window()
-    assert window["num_steps"] == 3 and 0.002 <= window["fwd_bwd"] < 0.02
-    assert window["total"] >= window["fwd_bwd"] and window["data"] == 0.0
+    assert window["num_steps"] == 3 and window["fwd_bwd"] == pytest.approx(0.002)
+    assert window["total"] == pytest.approx(0.0025) and window["data"] == 0.0
 
 
 def test_watchdog_ends_a_worker_that_finishes_no_step() -> None:
@@ -275,14 +286,20 @@ def test_watchdog_ends_a_worker_that_finishes_no_step() -> None:
 
 
 def test_watchdog_beats_and_stop_keep_it_quiet() -> None:
-    exits: list[int] = []
-    watchdog = Watchdog(0, 0.2, exit_fn=exits.append).start()
-    for _ in range(6):
-        time.sleep(0.05)
+    clock, exits = _Clock(), []
+    watchdog = Watchdog(0, 0.2, exit_fn=exits.append, clock=clock)
+    for _ in range(6):  # a beat every 50 ms holds it off, 300 ms in all
+        clock.t += 0.05
         watchdog.beat()
-    watchdog.stop()
-    time.sleep(0.3)
-    assert exits == []
+        assert not watchdog.check()
+    clock.t += 0.19
+    assert not watchdog.check() and exits == []
+    clock.t += 0.02  # 210 ms since the last beat
+    assert watchdog.check() and exits == [HANG_EXIT_CODE]
+    stopped, quiet = Watchdog(1, 0.2, exit_fn=exits.append, clock=clock).start(), len(exits)
+    stopped.stop()
+    clock.t += 10.0  # however late it gets, a stopped watchdog no longer looks
+    assert not stopped._thread.is_alive() and len(exits) == quiet
 
 
 def test_importing_train_fns_stays_light() -> None:

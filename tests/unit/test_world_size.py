@@ -89,12 +89,24 @@ def test_bf16_on_a_pre_ampere_gpu_is_refused_naming_the_key(
     assert torch.backends.cudnn.allow_tf32
 
 
-def test_run_info_records_the_nccl_version_or_null_without_cuda() -> None:
+def test_run_info_records_the_nccl_version_or_null_without_cuda(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the search writes to run_info.json, read back: null on CPU workers, the dotted
+    version of torch's NCCL where CUDA is (its tuple made a string)."""
     import torch
 
-    from train_fns.ranks import nccl_version
+    from orchestrator.runfiles import read_run_info, update_run_info
+    from orchestrator.search.pipeline import _context_info
 
-    assert (nccl_version() is None) == (not torch.cuda.is_available())
+    context = SearchContext("gloo", "ddp", False, 2, 1, 32)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    update_run_info(tmp_path, _context_info(context))
+    assert read_run_info(tmp_path)["nccl_version"] is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 5))
+    update_run_info(tmp_path, _context_info(context))
+    assert read_run_info(tmp_path)["nccl_version"] == "2.27.5"
 
 
 def test_fsdp_bf16_all_gathers_are_costed_at_two_bytes() -> None:
