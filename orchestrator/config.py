@@ -100,6 +100,12 @@ class WorkloadConfig:
     apply. Checked on the driver (``plans.check_entrypoint``) before Ray starts."""
     options: dict[str, Any] = field(default_factory=dict)
     """Passed to your ``make_workload`` as ``ctx.options``."""
+    unused_parameters: bool | None = None
+    """Whether steps leave some parameters without a gradient (a mixture of experts, a
+    conditional branch): then DDP runs with ``find_unused_parameters=True`` in every plan, the
+    baseline too. None: your workload declares it (``unused_parameters`` in what
+    ``make_workload`` returns) or the driver finds out with a forward/backward of a few
+    micro-batches on CPU; the built-in models use every parameter."""
 
     def __post_init__(self) -> None:
         _check_bounds(self, "workload")

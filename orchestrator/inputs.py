@@ -41,6 +41,7 @@ TUNED_KNOBS: dict[str, Any] = {
     "gradient_as_bucket_view": bool,
     "static_graph": bool,
     "broadcast_buffers": bool,
+    "find_unused_parameters": bool,
     "reshard_after_forward": "reshard",
     "hsdp": bool,
     "activation_checkpointing": bool,

@@ -57,16 +57,39 @@ class WorkloadShape:
 
     num_params: int
     num_blocks: int
+    unused: tuple[str, ...] = ()
+    """Parameters a few micro-batches left without a gradient (or the workload declared so)."""
+    probe_failed: str | None = None
+    """Why that could not be told (the user's batch or loss raised on the driver)."""
 
 
-def check_model(config: Config) -> WorkloadShape | None:
+def check_model(config: Config) -> tuple[Config, list[str]]:
     """The model the workers will build, checked on the driver before Ray and after every cheap
     check (both need torch): a user workload is imported and built once on CPU; a Hugging Face
-    model's overrides are checked against its config class and built on the meta device."""
+    model's overrides are checked against its config class and built on the meta device.
+    Returns the config with ``workload.unused_parameters`` settled, and what to say of it."""
     if config.workload.entrypoint is None:
         check_model_overrides(config.workload)
-        return None
-    return check_entrypoint(config)
+        return config, []
+    shape = check_entrypoint(config)
+    if config.workload.unused_parameters is not None:
+        return config, []
+    if shape.probe_failed:
+        return config, [f"workload: could not tell whether steps leave parameters unused "
+                        f"({shape.probe_failed}); set workload.unused_parameters: true if "
+                        "they do"]  # fmt: skip
+    found = bool(shape.unused)
+    settled = dataclasses.replace(
+        config, workload=dataclasses.replace(config.workload, unused_parameters=found)
+    )
+    if not found:
+        return settled, []
+    shown = ", ".join(shape.unused[:3]) + (", ..." if len(shape.unused) > 3 else "")
+    return settled, [
+        f"workload: {len(shape.unused)} parameter(s) got no gradient in some micro-batches "
+        f"({shown}): DDP runs with find_unused_parameters=True in every plan, the baseline "
+        "too (workload.unused_parameters: true)"
+    ]
 
 
 def check_entrypoint(config: Config) -> WorkloadShape | None:
@@ -123,7 +146,23 @@ def _build_shape(config: Config, fields: dict[str, Any]) -> WorkloadShape:
     except WorkloadError:
         blocks = []  # fine for DDP; FSDP and checkpointing say so in the trial that needs them
     num_params = sum(p.numel() for p in workload.model.parameters())
-    return WorkloadShape(num_params, len(blocks))
+    unused, failed = _unused(workload, config)
+    return WorkloadShape(num_params, len(blocks), tuple(unused), failed)
+
+
+def _unused(workload: Any, config: Config) -> tuple[list[str], str | None]:
+    """What the workload declares, else which parameters a few micro-batches of up to 2
+    samples leave without a gradient; a raising batch or loss is said, not fatal (the trial
+    that runs it shows the user's error where it happens)."""
+    from train_fns.workload import find_unused
+
+    if workload.unused_parameters is not None:
+        return (["(declared by the workload)"] if workload.unused_parameters else []), None
+    per_worker = max(1, config.workload.global_batch // config.cluster.num_workers)
+    try:
+        return find_unused(workload, min(2, per_worker)), None
+    except Exception as e:  # the user's code: reported to the user by check_model's line
+        return [], f"{type(e).__name__}: {str(e)[:160]}"
 
 
 def workload_fields(config: Config) -> dict[str, Any]:
@@ -158,6 +197,8 @@ def plan_from_config(
     """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
     ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
     accumulation = int(knobs.get("accumulation_steps", 1))
+    if cfg.workload.unused_parameters:  # whatever was tuned: such a model needs it in DDP
+        knobs = {**knobs, "find_unused_parameters": True}
     ddp, fsdp = options_from_knobs(knobs)
     return TrialPlan(
         model=cfg.workload.entrypoint or cfg.workload.model,

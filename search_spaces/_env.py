@@ -60,6 +60,7 @@ PLAN_KNOBS = frozenset(
         "gradient_as_bucket_view",
         "static_graph",
         "broadcast_buffers",
+        "find_unused_parameters",
         "comm_hook",
         "reshard_after_forward",
         "reduce_dtype",

@@ -30,6 +30,7 @@ CONTEXT_DOMAINS: dict[str, Any] = {
     "unsafe_nccl": bool,
     "precision": ("fp32", "bf16", "fp16"),
     "lossy": bool,
+    "unused_parameters": bool,
 }
 """Names a condition may test besides params: a str tuple lists the allowed values."""
 _MAX_FEASIBILITY_POINTS = 100_000
@@ -82,6 +83,9 @@ class SearchContext:
     lossy: bool = False
     """Offer knobs that change the maths (gradient compression, a low reduce dtype), each
     judged by the guard against its own declared tolerance (search.lossy)."""
+    unused_parameters: bool = False
+    """The model leaves parameters without a gradient in some steps (workload.unused_parameters,
+    declared or found on the driver): DDP must find them in every plan."""
 
     def __post_init__(self) -> None:
         for field in ("backend", "strategy_mode", "precision"):

@@ -92,6 +92,9 @@ class DDPOptions:
     buffer changes in training, which is what the guard checks."""
     comm_hook: str | None = None
     """``bf16``/``fp16``: compress gradients for the all-reduce (lossy); None: full precision."""
+    find_unused_parameters: bool = False
+    """Let DDP's reducer find the parameters a step leaves without a gradient (a mixture of
+    experts, a conditional branch): needed by such models, exact, a graph walk per step."""
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Mod
         bucket_cap_mb=plan.ddp.bucket_cap_mb,
         gradient_as_bucket_view=plan.ddp.gradient_as_bucket_view,
         static_graph=plan.ddp.static_graph,
+        find_unused_parameters=plan.ddp.find_unused_parameters,
         **{SYNC_BUFFERS_ARG: plan.ddp.broadcast_buffers},
     )
     if plan.ddp.comm_hook is not None:

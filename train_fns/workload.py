@@ -33,7 +33,9 @@ import torch
 from torch import Tensor, nn
 
 REQUIRED = ("model", "batch", "loss")
-OPTIONAL = ("blocks", "tokens_per_sample", "flops_per_sample", "optimizer")
+OPTIONAL = (
+    "blocks", "tokens_per_sample", "flops_per_sample", "optimizer", "unused_parameters",
+)  # fmt: skip
 
 
 class WorkloadError(ValueError):
@@ -66,6 +68,9 @@ class Workload:
     tokens_per_sample: int | None = None
     flops_per_sample: float | None = None
     optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
+    unused_parameters: bool | None = None
+    """True: some steps leave parameters without a gradient (DDP must find them); None: the
+    driver finds out (``find_unused``)."""
 
 
 def split_entrypoint(entrypoint: str) -> tuple[str, str]:
@@ -190,3 +195,22 @@ def _map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     if isinstance(batch, (tuple, list)):
         return type(batch)(_map_tensors(v, fn) for v in batch)
     return batch
+
+
+UNUSED_PROBE_BATCHES = 4
+"""Micro-batches the driver runs through a user's model to see which parameters get no
+gradient: a router that picks per micro-batch shows in a few."""
+
+
+def find_unused(workload: Workload, micro_batch: int) -> list[str]:
+    """Names of the trainable parameters that got no gradient in at least one of a few
+    micro-batches (forward and backward on the driver's CPU build, samples 0, 1, ...): with
+    such parameters DDP needs ``find_unused_parameters``. The gradients are cleared after."""
+    model, unused = workload.model, set()
+    for k in range(UNUSED_PROBE_BATCHES):
+        model.zero_grad(set_to_none=True)
+        indices = list(range(k * micro_batch, (k + 1) * micro_batch))
+        workload.loss(model, workload.batch(indices)).backward()
+        unused |= {n for n, p in model.named_parameters() if p.requires_grad and p.grad is None}
+    model.zero_grad(set_to_none=True)
+    return sorted(unused)

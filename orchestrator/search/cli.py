@@ -94,6 +94,7 @@ def provisional_context(config: Config) -> SearchContext:
         unsafe_nccl=config.search.unsafe_nccl,
         precision=config.workload.precision,
         lossy=config.search.lossy,
+        unused_parameters=bool(config.workload.unused_parameters),
     )
 
 
@@ -118,7 +119,9 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     faults = parse_faults(args.inject_faults)
     config = absolute_paths(config)
-    check_model(config)
+    config, notes = check_model(config)
+    for note in notes:
+        print(note)
     return config, faults
 
 

@@ -143,19 +143,57 @@ def classify_failure(
     if any(mark in low for mark in crash_marks):
         first = next((t for t in failure_texts(exc) if "died" in t.lower()), text)
         return m.CRASH, f"a worker process died: {_one_line(first)}"
-    tail = traceback_tail(text)
-    if tail is not None:  # the training code raised in a worker (the user's own, often)
-        return m.CRASH, f"the training code raised {_one_line(tail)}"
+    whose, shown = _whose(text)
+    tail = traceback_tail(text, shown)
+    if tail is not None:
+        return m.CRASH, f"{whose} raised {_one_line(tail)}{_fix(low)}"
     return m.ERROR, _one_line(text)
+
+
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]")
+_COMMTUNE = re.compile(r"[/\\](train_fns|orchestrator|search_spaces)[/\\]")
+_DISTRIBUTED = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel)[/\\]")
+
+
+def _whose(text: str) -> tuple[str, int]:
+    """Whose code failed, from the last traceback's frames, and which frame to show: the
+    user's (their workload's or model's frames are on the stack: the innermost of those),
+    torch.distributed's (DDP's reducer, FSDP, a collective, with no frame of the user's),
+    commtune's own, or the model library's (the innermost frame)."""
+    body = text[text.rfind("Traceback (most recent call last)") :]
+    files = [f for f, _, _ in _FRAME.findall(body)]
+    users = [i for i, f in enumerate(files)
+             if not f.startswith("<") and not _LIBRARY.search(f) and not _COMMTUNE.search(f)]
+    if users:
+        return "the training code", users[-1]
+    innermost = files[-1] if files else ""
+    if _DISTRIBUTED.search(innermost):
+        return "torch.distributed (DDP, FSDP or a collective, called by commtune's step)", -1
+    if _COMMTUNE.search(innermost):
+        return "commtune's worker code (a commtune bug: please report it)", -1
+    return "the model's library code", -1
+
+
+_FIXES = {
+    "expected to have finished reduction in the prior iteration": (
+        "; the model leaves parameters without a gradient in some steps: set "
+        "workload.unused_parameters: true (DDP then finds them in every plan)"
+    ),
+}
+"""Failure messages whose cause and fix are known: the fix is added to the reason."""
+
+
+def _fix(low: str) -> str:
+    return next((fix for mark, fix in _FIXES.items() if mark in low), "")
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$", re.M)
 
 
-def traceback_tail(text: str) -> str | None:
-    """A worker traceback's last lines: the exception raised and the frame that raised it
-    (what a user needs first), or None when ``text`` holds no traceback."""
+def traceback_tail(text: str, frame: int = -1) -> str | None:
+    """A worker traceback's last lines: the exception raised and where (the innermost frame,
+    or the ``frame``-th: what a user needs first), or None when ``text`` holds no traceback."""
     last_tb = text.rfind("Traceback (most recent call last)")
     if last_tb < 0:
         return None
@@ -164,7 +202,7 @@ def traceback_tail(text: str) -> str | None:
     raised = [r for r in _RAISED.findall(body) if not r.startswith("Traceback")]
     if not raised:
         return None
-    where = f" (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    where = f" (at {frames[frame][0]}:{frames[frame][1]} in {frames[frame][2]})" if frames else ""
     return f"{raised[-1].strip()}{where}"
 
 

@@ -65,6 +65,7 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
         unsafe_nccl=config.search.unsafe_nccl,
         precision=config.workload.precision,
         lossy=config.search.lossy,
+        unused_parameters=bool(config.workload.unused_parameters),
     )
 
 

@@ -70,7 +70,9 @@ def check(args: argparse.Namespace) -> Config:
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
     config = load_config(args.config, args.preset, sets)
     config = absolute_paths(config)
-    check_model(config)
+    config, notes = check_model(config)
+    for note in notes:
+        print(note)
     return config
 
 

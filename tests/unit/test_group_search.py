@@ -154,6 +154,13 @@ class _HangingGroup:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ctx:
+    """What measure_plans reads of a TrialContext itself (the groups here are stand-ins)."""
+
+    slowest_start_s: float | None = None
+
+
 def test_a_hung_remeasured_run_does_not_cost_the_runs_after_it(monkeypatch) -> None:
     from orchestrator.search import trial
 
@@ -162,7 +169,7 @@ def test_a_hung_remeasured_run_does_not_cost_the_runs_after_it(monkeypatch) -> N
     env, other = {}, {"NCCL_ALGO": "Ring"}
     items = [("B", env), ("hang measure t5", env), ("B", env), ("t1", other), ("B", env)]
     seen: list[int] = []
-    outcomes = trial.measure_plans(None, items, "remeasure", lambda i, o: seen.append(i))
+    outcomes = trial.measure_plans(_Ctx(), items, "remeasure", lambda i, o: seen.append(i))
     assert [o[m.STATE] for o in outcomes] == [m.COMPLETE, m.HANG, m.COMPLETE, m.COMPLETE,
                                               m.COMPLETE]  # fmt: skip
     assert seen == [0, 1, 2, 3, 4], "each outcome is told at its own position"
@@ -177,7 +184,7 @@ def test_an_environment_whose_group_hangs_while_it_starts_is_not_tried_again(mon
     _HangingGroup.made = []
     env = {"NCCL_PROTO": "LL128"}
     items = [("hang start t5", env), ("B", env), ("B", {})]
-    outcomes = trial.measure_plans(None, items, "remeasure")
+    outcomes = trial.measure_plans(_Ctx(), items, "remeasure")
     assert [o[m.STATE] for o in outcomes] == [m.HANG, m.ERROR, m.COMPLETE]
     assert "not reached" in outcomes[1][m.REASON]
     assert _HangingGroup.made == [["hang start t5", "B"], ["B"]], "one start hang, not two"

@@ -146,3 +146,43 @@ def test_comm_split_takes_the_slowest_ranks_exposed_comm_and_the_median_window()
     assert split[m.COMPUTE_S] == pytest.approx(0.50)
     assert split[m.COMM_FRACTION] == pytest.approx(0.10 / 0.60)
     assert comm_split([[{m.SYNC_MICRO_S: 0.1, m.FWD_BWD_S: 0.2}]]) == {}, "no twin: no split"
+
+
+def _worker_traceback(frames: list[str], raised: str) -> RuntimeError:
+    """A worker's failure as Ray hands it over: the traceback's text in the message."""
+    lines = ["Traceback (most recent call last):"]
+    for path in frames:
+        lines += [f'  File "{path}", line 12, in step', "    x = f()"]
+    return RuntimeError("\n".join([*lines, raised]))
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+REDUCER = (
+    "RuntimeError: Expected to have finished reduction in the prior iteration before starting "
+    "a new one. This error indicates that your module has parameters that were not used in "
+    "producing loss."
+)
+
+
+def test_a_failure_is_attributed_to_whose_code_raised_it() -> None:
+    """The user's frames on the stack: their code; only torch.distributed and commtune below
+    the failing call: torch.distributed's (with the fix for DDP's unused-parameter error);
+    commtune's own frames innermost: a commtune bug."""
+    cases = {
+        "the training code raised ValueError: bad shape (at /home/me/moe.py:12": [
+            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py",
+            "/home/me/moe.py", f"{SITE}/torch/nn/functional.py"],
+        "torch.distributed (DDP, FSDP or a collective": [
+            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py",
+            f"{SITE}/torch/nn/parallel/distributed.py"],
+        "commtune's worker code (a commtune bug": [
+            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py"],
+        "the model's library code raised": [
+            "/srv/commtune/train_fns/loop.py", f"{SITE}/transformers/models/bert/modeling.py"],
+    }  # fmt: skip
+    for words, frames in cases.items():
+        raised = REDUCER if "torch.distributed" in words else "ValueError: bad shape"
+        exc = FakeWorkerGroupError({0: _worker_traceback(frames, raised)})
+        state, reason = classify_failure(exc, PLAN)
+        assert state == m.CRASH and words in reason, reason
+        assert ("set workload.unused_parameters: true" in reason) == (raised == REDUCER), reason

@@ -60,7 +60,7 @@ def test_valid_overrides_pass_and_build_the_model_they_describe() -> None:
             "workload.model_overrides.attention_probs_dropout_prob=0.0",
             "workload.model_overrides.layer_norm_eps=1.0e-6"]  # fmt: skip
     config = load_config(preset="smoke", sets=sets)
-    assert check_model(config) is None
+    assert check_model(config) == (config, [])
     built = resolve_model_config(config.workload.model, config.workload.model_overrides)
     assert (built.num_hidden_layers, built.layer_norm_eps, built.vocab_size) == (1, 1e-6, 2048)
 
@@ -72,4 +72,4 @@ def test_a_key_the_config_class_maps_is_known() -> None:
                                    f"workload.model_overrides.{key}=64",
                                    "workload.model_overrides.n_head=2",
                                    "workload.model_overrides.n_layer=1"])  # fmt: skip
-        assert check_model(config) is None
+        assert check_model(config) == (config, [])

@@ -184,7 +184,10 @@ def _field_default(cls: type, name: str) -> Any:
 def test_ddp_defaults_match_torch_and_plan() -> None:
     ddp = load_space_file(SHIPPED[0].parent / "ddp.yaml")
     defaults = {p.name: p.default for p in ddp.params}
-    assert defaults == dataclasses.asdict(DDPOptions())
+    plan = dataclasses.asdict(DDPOptions())
+    # set by the plan where the model needs it, never searched (ddp.yaml says why)
+    assert plan.pop("find_unused_parameters") is False
+    assert defaults == plan
     torch_ddp = pytest.importorskip("torch.nn.parallel.distributed")
     signature = inspect.signature(torch_ddp.DistributedDataParallel.__init__).parameters
     # torch spells "25 MB" as bucket_cap_mb=None resolved through this module constant
@@ -194,6 +197,7 @@ def test_ddp_defaults_match_torch_and_plan() -> None:
     assert defaults["bucket_cap_mb"] == torch_cap == 25
     for name in ("gradient_as_bucket_view", "static_graph"):
         assert defaults[name] is signature[name].default is False
+    assert signature["find_unused_parameters"].default is DDPOptions().find_unused_parameters
 
 
 def test_fsdp_defaults_match_plan() -> None:
