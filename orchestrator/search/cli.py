@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
         budget = config.search.time_budget_min
         deadline = time.time() + budget * 60 if budget else None
-        lines, baseline_ok = run_search(
+        lines, baseline_failed = run_search(
             config, out, faults, resume=args.resume, verbose=args.verbose, deadline=deadline
         )
     except ConfigError as e:  # found only once the cluster is known (e.g. too few resources)
@@ -202,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     print(f"outputs in {out} ({time.monotonic() - started:.0f}s)")
-    if not baseline_ok:
+    if baseline_failed is not None:
         print(
-            "commtune: the baseline (trial 0) did not complete; there is nothing to compare "
-            "against (see trials.csv)",
+            f"commtune: the baseline (trial 0) did not complete ({baseline_failed}); there is "
+            "nothing to compare against (see trials.csv)",
             file=sys.stderr,
         )
         return 1

@@ -20,6 +20,7 @@ from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
 from orchestrator.search.results import (
+    baseline_failure,
     baseline_record,
     memory_capacity_info,
     overhead_line,
@@ -76,8 +77,9 @@ def run_search(
     resume: bool,
     verbose: bool,
     deadline: float | None = None,
-) -> tuple[list[str], bool]:
-    """The whole search; returns the closing lines and whether the baseline completed."""
+) -> tuple[list[str], str | None]:
+    """The whole search; returns the closing lines and, when the baseline did not complete,
+    why (None when it did)."""
     import ray
 
     quiet_libraries(verbose)
@@ -111,7 +113,7 @@ def run_search(
         lines += evidence.scaling_lines(recs, space.baseline(), info)
         lines += filter(None, [overhead_line(recs, info.get("search_wall_s"))])
         lines.append(write_report(out))
-        return lines, baseline_record(recs, space.baseline()) is not None
+        return lines, baseline_failure(recs, space.baseline())
     except SpaceError as e:  # e.g. a grid too large for this cluster's context
         raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
     finally:

@@ -93,6 +93,14 @@ def baseline_record(recs: list[TrialRecord], defaults: dict[str, Any]) -> TrialR
     return next((r for r in recs if r.params == defaults and r.value is not None), None)
 
 
+def baseline_failure(recs: list[TrialRecord], defaults: dict[str, Any]) -> str | None:
+    """Why the baseline did not complete (its last run's state and reason); None when it did."""
+    if baseline_record(recs, defaults) is not None:
+        return None
+    runs = [r for r in recs if r.params == defaults]
+    return f"{runs[-1].state}: {runs[-1].reason}" if runs else "it never ran"
+
+
 def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
     done = [r for r in recs if r.value is not None]
     return max(done, key=lambda r: r.value) if done else None

@@ -43,6 +43,8 @@ from orchestrator.session import TRIAL_CPU, driver_queue
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S
+SYSTEMATIC = (m.CRASH, m.ERROR, m.HANG)
+"""Outcomes of the baseline that every other trial would share: the search stops after it."""
 """The trial driver only waits on its workers; a whole CPU for it would starve them."""
 _OPTUNA_STATES = {
     m.COMPLETE: optuna.trial.TrialState.COMPLETE,
@@ -115,10 +117,25 @@ class GroupSearch(Searcher):
         self.running: dict[str, Group] = {}
         self.deadline: float | None = None
         """Wall-clock time (``time.time()``) after which no new configuration starts."""
+        self.baseline_failed: str | None = None
+        """Why the baseline failed, when it did for a reason every trial shares (a crash, an
+        error, a hang: not an out-of-memory, which another split may avoid): no trial starts
+        after it."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        if self.baseline_failed is not None:
+            self._interrupt_pending(
+                "not run: the baseline failed, and every trial would fail the same way; fix "
+                "it, then --resume runs it",
+                f"no further trial starts: the baseline failed ({self.baseline_failed[:300]}), "
+                "and every other trial would fail the same way",
+            )  # fmt: skip
+            return Searcher.FINISHED
         if self._out_of_time():
-            self._interrupt_pending()
+            self._interrupt_pending(
+                "the time budget ended the search before it ran; --resume runs it",
+                "time budget reached: no new trial starts",
+            )
             return Searcher.FINISHED
         nodes = self._nodes()
         if nodes == []:  # no free nodes for another group now
@@ -203,13 +220,17 @@ class GroupSearch(Searcher):
         asked = next((a for a in group.sent if a.trial.number == full.get(TRIAL_NUMBER)), None)
         if asked is None:
             return
-        self._tell(asked, full.get(OUTCOME, {}))
+        outcome = full.get(OUTCOME, {})
+        self._tell(asked, outcome)
+        if asked.params == self.ctx.space.baseline() and outcome.get(m.STATE) in SYSTEMATIC:
+            self.baseline_failed = f"{outcome[m.STATE]}: {outcome.get(m.REASON, '')}"
         group.sent.remove(asked)
         group.told += 1
         if group.sent:
             return
         nxt = None
-        if group.size < self.group_size and not self._out_of_time():
+        stop = self._out_of_time() or self.baseline_failed is not None
+        if group.size < self.group_size and not stop:
             nxt = self._next(env=group.env)
         if nxt is None:
             group.work.put(None)  # the group ends; a different environment needs new workers
@@ -244,18 +265,16 @@ class GroupSearch(Searcher):
         value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
         self.study.tell(asked.trial, value, state=state)
 
-    def _interrupt_pending(self) -> None:
-        """Configurations asked but never run when the time budget ends: recorded as
-        interrupted, their params kept for ``--resume`` (queued then, not now: a trial queued
-        now would stay WAITING in the study after the search)."""
+    def _interrupt_pending(self, reason: str, line: str) -> None:
+        """Configurations asked but never run when the search stops early (its time budget,
+        a failed baseline): recorded as interrupted with ``reason``, their params kept for
+        ``--resume`` (queued then, not now: a trial queued now would stay WAITING in the
+        study after the search); ``line`` says so once."""
         if self.pending or self.asked < self.total:
-            print("time budget reached: no new trial starts", flush=True)
+            print(line, flush=True)
         for asked in self.pending:
-            self._tell(asked, {
-                m.STATE: INTERRUPTED,
-                m.REASON: "the time budget ended the search before it ran; --resume runs it",
-                REQUEUE: asked.trial.params,
-            })  # fmt: skip
+            self._tell(asked, {m.STATE: INTERRUPTED, m.REASON: reason,
+                               REQUEUE: asked.trial.params})  # fmt: skip
         self.pending = []
 
     def save(self, checkpoint_path: str) -> None:
