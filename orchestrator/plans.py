@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.config import Config, ConfigError
 from orchestrator.overrides import check_model_overrides
-from train_fns.plan import TrialPlan, options_from_knobs, split_global_batch
+from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, split_global_batch
 
 ENTRYPOINT_KEY = "workload.entrypoint"
 
@@ -73,7 +73,7 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
         return config, []
     shape = check_entrypoint(config)
     if config.workload.unused_parameters is not None:
-        return config, []
+        return _no_fsdp(config), []
     if shape.probe_failed:
         return config, [f"workload: could not tell whether steps leave parameters unused "
                         f"({shape.probe_failed}); set workload.unused_parameters: true if "
@@ -85,11 +85,26 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
     if not found:
         return settled, []
     shown = ", ".join(shape.unused[:3]) + (", ..." if len(shape.unused) > 3 else "")
-    return settled, [
+    return _no_fsdp(settled), [
         f"workload: {len(shape.unused)} parameter(s) got no gradient in some micro-batches "
         f"({shown}): DDP runs with find_unused_parameters=True in every plan, the baseline "
         "too (workload.unused_parameters: true)"
     ]
+
+
+def _no_fsdp(config: Config) -> Config:
+    """Refuse FSDP for a model whose steps leave parameters unused: ranks that run different
+    units would pair one unit's all-gather or reduce-scatter with another's (silently, where
+    the units are alike in size). The search does not offer it (search_spaces/strategy.yaml)."""
+    if config.workload.unused_parameters:
+        for key, value in (("strategy", config.strategy), ("tuned.strategy",
+                           config.tuned.get("strategy"))):  # fmt: skip
+            if value == "fsdp":
+                raise ConfigError(key, "fsdp cannot run a model whose steps leave parameters "
+                                  "unused (workload.unused_parameters): FSDP2's per-unit "
+                                  "collectives would pair different units across ranks; use "
+                                  "ddp, or search")  # fmt: skip
+    return config
 
 
 def check_entrypoint(config: Config) -> WorkloadShape | None:
@@ -197,9 +212,7 @@ def plan_from_config(
     """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
     ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
     accumulation = int(knobs.get("accumulation_steps", 1))
-    if cfg.workload.unused_parameters:  # whatever was tuned: such a model needs it in DDP
-        knobs = {**knobs, "find_unused_parameters": True}
-    ddp, fsdp = options_from_knobs(knobs)
+    ddp, fsdp = options_from_knobs(model_knobs(knobs, cfg.workload.unused_parameters))
     return TrialPlan(
         model=cfg.workload.entrypoint or cfg.workload.model,
         task=task,

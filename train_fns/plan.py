@@ -114,6 +114,12 @@ class FSDPOptions:
     """Replicate across nodes, shard within one (a 2-D mesh from the ranks' local world)."""
 
 
+def model_knobs(knobs: dict[str, Any], unused_parameters: bool | None) -> dict[str, Any]:
+    """``knobs`` as the model needs them: one whose steps leave parameters unused runs DDP with
+    ``find_unused_parameters`` whatever was tuned (without it, DDP's reducer stops the run)."""
+    return {**knobs, "find_unused_parameters": True} if unused_parameters else knobs
+
+
 def options_from_knobs(knobs: dict[str, Any]) -> tuple[DDPOptions, FSDPOptions]:
     """The DDP and FSDP options named in ``knobs`` (best.yaml's ``tuned``, a trial's sampled
     params); the others keep torch's defaults. A bucket size is MB as a float, whatever YAML

@@ -22,7 +22,7 @@ import torch
 import yaml
 from torch import nn
 
-from train_fns.plan import TrialPlan, options_from_knobs, resplit
+from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, resplit
 
 Best = Mapping[str, Any]
 
@@ -66,7 +66,7 @@ def plan_for(best: Best, world_size: int) -> TrialPlan:
     knobs = best.get("tuned", {})
     micro, accumulation = split(best, world_size)
     workload = best["workload"]
-    ddp, fsdp = options_from_knobs(knobs)
+    ddp, fsdp = options_from_knobs(model_knobs(knobs, workload.get("unused_parameters")))
     return TrialPlan(
         model=str(workload.get("entrypoint") or workload.get("model")),
         task=None,

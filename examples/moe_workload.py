@@ -1,0 +1,54 @@
+"""A model that leaves parameters unused in a step: a small mixture-of-experts regressor whose
+router sends each micro-batch to one expert, so the others get no gradient in that step (the
+same holds for conditional branches, early exits and multi-task heads).
+
+    workload:
+      entrypoint: examples/moe_workload.py:make_workload
+      options: {width: 64, experts: 4}
+
+commtune sees on the driver that a forward/backward of a few micro-batches leaves experts
+without a gradient, and runs DDP with ``find_unused_parameters=True`` in every plan, the
+baseline too (one line says so; ``workload.unused_parameters`` decides it yourself). FSDP2
+needs nothing: a parameter without a gradient reduce-scatters as zeros.
+"""
+
+import torch
+from torch import nn
+
+
+class MixtureOfExperts(nn.Module):
+    def __init__(self, features: int, width: int, experts: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(features, width)
+        self.router = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(experts)
+        )
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        scores = self.router(h).mean(dim=0)  # one expert for the whole micro-batch
+        pick = int(scores.argmax())
+        gate = torch.softmax(scores, dim=0)[pick]  # the router learns through the gate
+        return self.out(h + gate * self.experts[pick](h))
+
+
+def make_workload(ctx):
+    features, options = 16, ctx.options
+    model = MixtureOfExperts(features, int(options.get("width", 64)),
+                             int(options.get("experts", 4)))
+
+    def sample(i):
+        generator = torch.Generator().manual_seed(ctx.seed * 7919 + i)
+        return torch.randn(features + 1, generator=generator)
+
+    def batch(indices):
+        data = torch.stack([sample(i) for i in indices])
+        return data[:, :features], data[:, features:]
+
+    def loss(model, batch):
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+    return {"model": model, "batch": batch, "loss": loss}

@@ -1,0 +1,91 @@
+"""A model whose steps leave parameters unused (examples/moe_workload.py: one expert per
+micro-batch, so ranks use different experts in the same step) through the real worker loop on
+two gloo ranks (issue 29): DDP with find_unused_parameters, with and without accumulation,
+gives a single process's losses on the same micro-batches (the router sees a micro-batch, so
+the reference splits alike); DDP without it stops, as it did for users. FSDP2 is refused for
+such models (orchestrator/plans.py says why)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _spawn import run_distributed
+
+from train_fns.loop import build_runner
+from train_fns.plan import DDPOptions, TrialPlan
+
+CPU = torch.device("cpu")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ENTRYPOINT = f"{EXAMPLES / 'moe_workload.py'}:make_workload"
+OPTIONS = {"width": 16, "experts": 4}
+GLOBAL_BATCH = 8
+STEPS = 4
+
+
+def plan(world_size: int, accumulation: int, **changes: object) -> TrialPlan:
+    return TrialPlan(
+        model="moe", task=None, seq_len=1, global_batch=GLOBAL_BATCH, world_size=world_size,
+        accumulation_steps=accumulation, micro_batch=GLOBAL_BATCH // (world_size * accumulation),
+        entrypoint=ENTRYPOINT, options=OPTIONS, lr=1e-2, **changes,
+    )  # fmt: skip
+
+
+def _run(rank: int, world_size: int, plans: list[dict]) -> list[list[float] | str]:
+    """Each plan's per-step mean loss (averaged over ranks), or the error that stopped it."""
+    out: list[list[float] | str] = []
+    for data in plans:
+        runner, _ = build_runner(TrialPlan.from_dict(data), rank, CPU)
+        steps = []
+        try:
+            for step in range(STEPS):
+                loss = runner.run_step(step).detach().clone()
+                if world_size > 1:
+                    torch.distributed.all_reduce(loss)
+                    loss /= world_size
+                steps.append(float(loss))
+        except RuntimeError as e:
+            out.append(str(e))
+            continue
+        out.append(steps)
+    return out
+
+
+def _used_experts(rank: int, world_size: int) -> list[int]:
+    """Which expert each of the reference's micro-batches picks: the test needs them to differ."""
+    from train_fns.workload import WorkloadContext, as_workload, load_entrypoint
+
+    ctx = WorkloadContext(seed=0, rank=0, world_size=1, device=CPU, seq_len=1, options=OPTIONS,
+                          precision="fp32")  # fmt: skip
+    torch.manual_seed(0)
+    workload = as_workload(load_entrypoint(ENTRYPOINT)(ctx))
+    picks = []
+    for k in range(STEPS * 2):
+        x, _ = workload.batch(list(range(k * 4, k * 4 + 4)))
+        picks.append(int(workload.model.router(workload.model.inp(x)).mean(0).argmax()))
+    return picks
+
+
+def test_unused_experts_train_exactly_with_ddp() -> None:
+    picks = run_distributed(_used_experts, world_size=1)[0]
+    assert len(set(picks)) > 1, f"the micro-batches must route to different experts: {picks}"
+    found = DDPOptions(find_unused_parameters=True)
+    # one process, micro-batches of 4 and of 2: the same micro-batches as 2 ranks at
+    # accumulation 1 and 2
+    references = run_distributed(
+        _run, [plan(1, 2, ddp=found).to_dict(), plan(1, 4, ddp=found).to_dict()], world_size=1
+    )[0]
+    variants = [plan(2, 1, ddp=found), plan(2, 2, ddp=found)]
+    results = run_distributed(_run, [p.to_dict() for p in variants])[0]
+    for accumulation, losses, reference in zip((1, 2), results, references, strict=True):
+        assert not isinstance(losses, str) and not isinstance(reference, str), losses
+        assert losses[-1] != losses[0], "it trains"
+        torch.testing.assert_close(losses, reference, rtol=1e-4, atol=1e-5,
+                                   msg=f"ddp accumulation {accumulation}")  # fmt: skip
+
+
+@pytest.mark.parametrize("accumulation", [1])
+def test_ddp_without_find_unused_parameters_stops_as_users_saw(accumulation: int) -> None:
+    (stopped,) = run_distributed(_run, [plan(2, accumulation).to_dict()])[0]
+    assert isinstance(stopped, str) and "Expected to have finished reduction" in stopped
