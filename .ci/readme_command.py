@@ -19,7 +19,10 @@ def setup_command(readme: str, which: str) -> str:
     block = lines[lines.index(marker) + 1 :]
     if not block or not block[0].startswith("```"):
         raise SystemExit(f"README.md: {marker!r} is not followed by a code block")
-    body = block[1 : block.index("```", 1)]
+    closing = [i for i, line in enumerate(block[1:], 1) if line.strip() == "```"]
+    if not closing:
+        raise SystemExit(f"README.md: the code block after {marker!r} is not closed")
+    body = block[1 : closing[0]]
     commands = [line for line in body if line.strip() and not line.startswith("#")]
     if len(commands) != 1:
         raise SystemExit(f"README.md: the block after {marker!r} must hold one command")

@@ -5,8 +5,10 @@ or the wrong service exits 2 here in a second or two, naming the key.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import time
 from urllib.parse import urlsplit
 
 from orchestrator.inputs import ConfigError
@@ -47,29 +49,37 @@ def check_reachable(address: str | None, key: str, fix: str) -> None:
         why = f"no answer in {REACH_TIMEOUT_S:g} s" if isinstance(e, TimeoutError) else e.strerror
         raise ConfigError(key, f"nothing answers at {address} ({why or e}); {fix}") from e
     with connection:
-        if url.scheme in ("tcp", "ray") and not _speaks_grpc(connection):
-            raise ConfigError(
-                key, f"something answers at {address}, but not as a Ray cluster does (no gRPC "
-                f"answer in {REACH_TIMEOUT_S:g} s: another service's port?); {fix}"
-            )  # fmt: skip
+        # Ray with TLS (RAY_USE_TLS) closes a plaintext preface: only Ray's own join can tell
+        tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+        why = None if tls or url.scheme not in ("tcp", "ray") else _not_grpc(connection)
+    if why:
+        raise ConfigError(key, f"something answers at {address}, but not as a Ray cluster does "
+                          f"({why}: another service's port?); {fix}")  # fmt: skip
 
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 """HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its client
 server) answers with a SETTINGS frame of its own at once."""
+GRPC_ANSWER_S = 5.0
+"""How long the answer to the preface may take in all: a GCS answers in a millisecond, a
+loaded head or a long tunnel in well under this; a port that says nothing is not Ray."""
 
 
-def _speaks_grpc(connection: socket.socket) -> bool:
-    """The peer answers HTTP/2's preface with a SETTINGS frame (its frame header: 9 bytes,
-    the fourth the frame type 4), within the reach timeout."""
-    header = b""
+def _not_grpc(connection: socket.socket) -> str | None:
+    """Why the peer is not a gRPC server (None: it answered HTTP/2's preface with a SETTINGS
+    frame, whose 9-byte header has the frame type 4 fourth), within one overall deadline."""
+    header, deadline = b"", time.monotonic() + GRPC_ANSWER_S
+    closed = "it closed the connection without an HTTP/2 answer"
     try:
         connection.sendall(HTTP2_PREFACE)
         while len(header) < 9:
+            connection.settimeout(max(0.01, deadline - time.monotonic()))
             chunk = connection.recv(9 - len(header))
             if not chunk:
-                break
+                return closed
             header += chunk
-    except OSError:  # a timeout or a reset: no gRPC server there
-        return False
-    return len(header) == 9 and header[3] == 4
+    except TimeoutError:
+        return f"no gRPC answer in {GRPC_ANSWER_S:g} s"
+    except OSError:  # a reset: closed with our preface unread
+        return closed
+    return None if header[3] == 4 else "its answer is not HTTP/2"

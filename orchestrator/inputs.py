@@ -221,8 +221,12 @@ def check_storage(url: str | None, key: str = "search.storage") -> None:
                 f"not a storage URL ({e}); use e.g. sqlite:///runs/study.db, "
                 "postgresql://HOST/DB or a .log file",
             ) from e
-        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        if parsed.get_backend_name() != "sqlite":
             return
+        if parsed.database in (None, "", ":memory:"):
+            raise ConfigError(key, f"{url} keeps the study in memory, lost when the search "
+                              "ends (no --resume, no report): name a file, e.g. "
+                              "sqlite:////absolute/path/study.db")  # fmt: skip
         path = Path(parsed.database).expanduser()
     if not path.parent.is_dir():
         raise ConfigError(key, f"{path.parent} is not a folder; create it or use another path")
@@ -361,6 +365,10 @@ def _hf_positions(workload: Any) -> int | None:
 
     try:
         return max_positions(resolve_model_config(workload.model, workload.model_overrides))
+    except Exception:  # an override transformers refuses: orchestrator.overrides names its key
+        pass
+    try:
+        return max_positions(resolve_model_config(workload.model, {}))
     except (OSError, TypeError, ValueError, KeyError) as e:
         raise ConfigError(
             "workload.model", f"transformers cannot read the model config: {str(e)[:200]}"

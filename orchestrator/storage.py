@@ -136,13 +136,19 @@ def redact(url: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        hidden = {k: "***" for k in parsed.query if k.lower() in QUERY_SECRETS}
+        return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
     except (ArgumentError, ValueError):
         scheme, sep, rest = url.partition("://")
         userinfo, at, host = rest.rpartition("@")
         if not (sep and at and ":" in userinfo):
             return url
         return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+QUERY_SECRETS = frozenset({"password", "passwd", "pwd", "sslpassword"})
+"""Query parameters a driver takes a password from (``postgresql://u@h/db?password=...``)."""
 
 
 def without_password(config: Config) -> Config:
@@ -234,15 +240,24 @@ def _timeout(url: str) -> dict[str, int]:
 
 
 def _line(error: Exception, url: str) -> str:
-    """The driver's own words, on one line, without the password should it quote the URL."""
-    text = " ".join(str(getattr(error, "orig", None) or error).split())
+    """The driver's own words, on one line, without the password (as given, or percent-encoded
+    as in the URL) should it quote it."""
+    from urllib.parse import quote
+
     from sqlalchemy.engine import make_url
 
+    text = str(getattr(error, "orig", None) or error)
     try:
-        password = make_url(url).password
+        parsed = make_url(url)
     except Exception:  # an unparsable URL has been redacted by the caller
-        password = None
-    if not password:
-        return text
-    # Whole occurrences only: a short password is also a piece of the driver's words ("p").
-    return re.sub(rf"(?<!\w){re.escape(str(password))}(?!\w)", "***", text)
+        parsed = None
+    secrets = [] if parsed is None else [str(parsed.password or "")] + [
+        str(v) for k, v in parsed.query.items() if k.lower() in QUERY_SECRETS]  # fmt: skip
+    for secret in filter(None, secrets):
+        for form in {secret, quote(secret, safe="")}:
+            # Whole occurrences where it starts or ends with a word character: a short password
+            # is also a piece of the driver's words ("p" in "port").
+            head = r"(?<!\w)" if re.match(r"\w", form) else ""
+            tail = r"(?!\w)" if re.search(r"\w$", form) else ""
+            text = re.sub(f"{head}{re.escape(form)}{tail}", "***", text)
+    return " ".join(text.split())

@@ -96,12 +96,8 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
     the checkpoint lacks are then initialised from the same seed). Master weights are fp32
     whatever the checkpoint says: precision is the plan's autocast/mixed-precision choice.
     """
-    config = resolve_model_config(plan.model, plan.model_overrides)
+    config = training_config(resolve_model_config(plan.model, plan.model_overrides), plan.task)
     check_seq_len(config, plan.seq_len)
-    if plan.task == "clm" and getattr(config, "is_decoder", None) is False:
-        config.is_decoder = True  # encoder models (BERT) need this to train causally
-    if getattr(config, "use_cache", None):
-        config.use_cache = False  # training never reads a KV cache; building one costs memory
     torch.manual_seed(plan.seed)
     cls = model_class(plan.task)
     local = local_dir(plan.model)
@@ -118,6 +114,15 @@ def build_model(plan: TrialPlan) -> PreTrainedModel:
             config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
         )
     return model.train()  # from_pretrained returns eval mode; we time training (dropout on)
+
+
+def training_config(config: PretrainedConfig, task: str) -> PretrainedConfig:
+    """``config`` as a training run builds it (the driver's override check builds the same)."""
+    if task == "clm" and getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True  # encoder models (BERT) need this to train causally
+    if getattr(config, "use_cache", None):
+        config.use_cache = False  # training never reads a KV cache; building one costs memory
+    return config
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -7,6 +7,7 @@ before any Ray process starts), 1 runtime failure.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -108,8 +109,8 @@ def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         ("cluster.address", args.address),
         ("search.time_budget_min", args.time_budget),
     ):
-        if value is not None:
-            sets.append(f"{key}={value}")
+        if value is not None:  # a string option stays a string (YAML made a dict of "x:")
+            sets.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     config = load_config(args.config, args.preset, sets)
     try:
         # Built once against a CPU context so that mistakes in the spaces (a missing

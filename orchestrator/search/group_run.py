@@ -22,6 +22,7 @@ line says what it waits on.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -94,10 +95,14 @@ def bound_of(
 def group_start_s(outcome: dict[str, Any]) -> float | None:
     """How long the group of a configuration took to start (its imports included), where it
     was the group's first and did start; None otherwise."""
-    timings = outcome.get("timings") or {}
-    if outcome.get("phase") == START or not timings.get("start_s"):
+    timings = outcome.get("timings")
+    if outcome.get("phase") == START or not isinstance(timings, dict):
         return None
-    return timings["start_s"] + timings.get("imports_s", 0.0)
+    try:
+        seconds = float(timings.get("start_s") or 0.0) + float(timings.get("imports_s") or 0.0)
+    except (TypeError, ValueError):  # not a record this code wrote
+        return None
+    return seconds if math.isfinite(seconds) and timings.get("start_s") else None
 
 
 def slowest_start(

@@ -105,8 +105,10 @@ def run_search(
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
         update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
-        if ran:  # the groups after the search start as fast as the search's did, or hang sooner
-            ctx = dataclasses.replace(ctx, slowest_start_s=slowest_start(r.attrs for r in recs))
+        if ran:  # the groups after the search start as fast as its own did, or hang sooner
+            adaptive = not resume and not config.cluster.autoscaling
+            seen = slowest_start(r.attrs for r in recs) if adaptive else None
+            ctx = dataclasses.replace(ctx, slowest_start_s=seen)
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
             verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)

@@ -117,6 +117,9 @@ class GroupSearch(Searcher):
         self.running: dict[str, Group] = {}
         self.deadline: float | None = None
         """Wall-clock time (``time.time()``) after which no new configuration starts."""
+        self.slowest_start_s: float | None = None
+        """The slowest group start this run has seen (not a resumed study's older ones, from
+        another cluster perhaps): a new group's start is bounded by a multiple of it."""
         self.baseline_failed: str | None = None
         """Why the baseline failed, when it did for a reason every trial shares (a crash, an
         error, a hang: not an out-of-memory, which another split may avoid): no trial starts
@@ -146,12 +149,9 @@ class GroupSearch(Searcher):
         group = Group(self.make_queue(), first.env, [], nodes)
         self.running[trial_id] = group
         self._send(group, first)
-        return {WORK: group.work, NODES: nodes, SLOWEST_START: self._slowest_start()}
-
-    def _slowest_start(self) -> float | None:
-        """The slowest group start of this study's trials so far (a resumed study's too): a
-        new group's start is bounded by a multiple of it (``group_run.bound_of``)."""
-        return slowest_start(t.user_attrs for t in self.study.get_trials(deepcopy=False))
+        adaptive = not self.ctx.config.cluster.autoscaling  # a group may wait for new nodes
+        return {WORK: group.work, NODES: nodes,
+                SLOWEST_START: self.slowest_start_s if adaptive else None}  # fmt: skip
 
     def _nodes(self) -> list[str] | None:
         """Nodes no running group uses, enough for one group (concurrency above 1 only)."""
@@ -221,6 +221,7 @@ class GroupSearch(Searcher):
         if asked is None:
             return
         outcome = full.get(OUTCOME, {})
+        self.slowest_start_s = slowest_start([outcome], self.slowest_start_s)
         self._tell(asked, outcome)
         if asked.params == self.ctx.space.baseline() and outcome.get(m.STATE) in SYSTEMATIC:
             self.baseline_failed = f"{outcome[m.STATE]}: {outcome.get(m.REASON, '')}"

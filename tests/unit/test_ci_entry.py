@@ -34,3 +34,5 @@ def test_a_missing_or_ambiguous_block_is_refused() -> None:
     two = "<!-- setup: tests -->\n```bash\npip install .\npytest\n```\n"
     with pytest.raises(SystemExit, match="must hold one command"):
         setup_command(two, "tests")
+    with pytest.raises(SystemExit, match="is not closed"):
+        setup_command("<!-- setup: tests -->\n```bash\npytest\n", "tests")

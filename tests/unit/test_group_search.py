@@ -214,3 +214,23 @@ def test_an_environment_whose_group_hangs_while_it_starts_is_not_tried_again(mon
     assert [o[m.STATE] for o in outcomes] == [m.HANG, m.ERROR, m.COMPLETE]
     assert "not reached" in outcomes[1][m.REASON]
     assert _HangingGroup.made == [["hang start t5", "B"], ["B"]], "one start hang, not two"
+
+
+def test_a_groups_start_bound_comes_from_this_runs_starts_only() -> None:
+    """Not from a resumed study's older trials (another cluster's, perhaps), and not at all
+    where the cluster autoscales (a group may wait for new nodes)."""
+    from orchestrator.search.trial import SLOWEST_START
+
+    search = _search(group_size=1, spaces=("accumulation",))
+    config = search.suggest("t0")
+    assert config[SLOWEST_START] is None, "nothing seen yet"
+    number = config[WORK].items[0]["number"]
+    result = _result(number)
+    result[f"{OUTCOME}/timings/start_s"], result[f"{OUTCOME}/timings/imports_s"] = 9.0, 3.0
+    search.on_trial_result("t0", result)
+    search.on_trial_complete("t0")
+    assert search.suggest("t1")[SLOWEST_START] == 12.0
+    cluster = dataclasses.replace(search.ctx.config.cluster, autoscaling=True)
+    config = dataclasses.replace(search.ctx.config, cluster=cluster)
+    search.ctx = dataclasses.replace(search.ctx, config=config)
+    assert search.suggest("t2")[SLOWEST_START] is None

@@ -23,6 +23,8 @@ BAD = [
     ("layer_norm_eps=1e-5", "layer_norm_eps", "write the number with a point"),
     ("is_decoder=3", "is_decoder", "true or false"),
     ("hidden_act=nope", "hidden_act", "refused by transformers building 'bert-tiny'"),
+    ("return_dict=false", "return_dict", "no such config key to set"),
+    ("num_hidden_layers=100000", "num_hidden_layers", "at most 1024 layers"),
 ]
 
 
@@ -73,3 +75,30 @@ def test_a_key_the_config_class_maps_is_known() -> None:
                                    "workload.model_overrides.n_head=2",
                                    "workload.model_overrides.n_layer=1"])  # fmt: skip
         assert check_model(config) == (config, [])
+
+
+@pytest.mark.parametrize(
+    ("sets", "key", "text"),
+    [
+        (["workload.model_overrides.num_hidden_layers=0"], "num_hidden_layers", "1 or more"),
+        (["workload.model_overrides.n_layer=0"], "n_layer", "1 or more"),
+        (["workload.model_overrides.hidden_size=abc"], "hidden_size", "whole number"),
+        (["workload.model_overrides.n_positions=64",
+          "workload.model_overrides.max_position_embeddings=128"],
+         "max_position_embeddings", "names the same field as 'n_positions'"),
+    ],
+)  # fmt: skip
+def test_an_alias_is_checked_as_its_field(sets: list[str], key: str, text: str) -> None:
+    """GPT-2 maps num_hidden_layers to n_layer, hidden_size to n_embd: an alias gets its field's
+    checks, and an alias set beside its field is refused rather than one silently winning."""
+    config = load_config(sets=["workload.model=gpt2", "workload.seq_len=32", *sets])
+    with pytest.raises(ConfigError, match=rf"^workload.model_overrides.{key}: .*{text}"):
+        check_model(config)
+
+
+def test_a_wrong_kind_on_an_hf_model_type_names_the_key_not_a_traceback() -> None:
+    """A model named by its type (not a preset) had its config read with the overrides while
+    the seq_len was checked, and transformers' validation error escaped as a traceback."""
+    config = load_config(sets=["workload.model=bert", "workload.model_overrides.vocab_size=abc"])
+    with pytest.raises(ConfigError, match="^workload.model_overrides.vocab_size: got 'abc'"):
+        check_model(config)

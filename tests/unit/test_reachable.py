@@ -163,3 +163,30 @@ def test_without_an_address_a_ray_of_its_own_is_started(monkeypatch: pytest.Monk
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
     start_ray(Config(), verbose=False)
     assert seen["address"] == "local" and seen["num_cpus"] >= 3
+
+
+def test_a_port_that_closes_is_said_so_and_tls_clusters_are_left_to_ray(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TLS Ray (RAY_USE_TLS) closes a plaintext preface: with it set, only the TCP reach is
+    checked; without it, the closing port is refused with what it did."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def close_each() -> None:
+        while True:
+            try:
+                server.accept()[0].close()
+            except OSError:
+                return
+
+    threading.Thread(target=close_each, daemon=True).start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with pytest.raises(ConfigError, match="closed the connection without an HTTP/2 answer"):
+            check_reachable(address, "--address", "fix")
+        monkeypatch.setenv("RAY_USE_TLS", "1")
+        check_reachable(address, "--address", "fix")
+    finally:
+        server.close()

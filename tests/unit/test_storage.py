@@ -153,3 +153,24 @@ def test_each_storage_kind_gets_the_hint_that_applies_to_it(tmp_path: Path) -> N
     text = str(e.value)
     assert "check the host, port, user, password" in text and "SQLite" not in text, text
     assert "bob:***@" in text and "***ort" not in text, "a short password is redacted whole"
+
+
+def test_no_password_is_shown_from_the_query_or_in_a_drivers_words() -> None:
+    from orchestrator.storage import _line
+
+    assert "s3cr3t" not in redact("postgresql://u@h/db?password=s3cr3t&sslmode=require")
+    said = RuntimeError("auth for abc!x failed;  double  space; port 5432 password p")
+    assert _line(said, "postgresql://u:!x@h/db") == (
+        "auth for abc*** failed; double space; port 5432 password p")  # fmt: skip
+    assert "a  b" not in _line(RuntimeError("got a  b"), "postgresql://u:a  b@h/db")
+    assert _line(RuntimeError("pw s3cr3t"), "postgresql://u@h/db?password=s3cr3t") == "pw ***"
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_study_is_refused(url: str, capsys: pytest.CaptureFixture) -> None:
+    from orchestrator.search.cli import main
+
+    assert main(["--preset", "smoke", "--storage", url]) == 2
+    assert "search.storage: " in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="keeps the study in memory"):
+        load_config(None, "smoke", [f'search.storage="{url}"'])
