@@ -26,20 +26,27 @@ PACK, SPREAD = "pack", "spread"
 PLACEMENTS = (PACK, SPREAD)
 NODE_LABEL = "ray.io/node-id"
 HEAD_RESOURCE = "node:__internal_head__"
-"""A resource only the head node has: with concurrency, each group's Tune trial (a 0.01-CPU
-sliver that only waits) is held to the head, or its sliver on a worker node would leave that
-node one CPU short of a whole group and the group would wait forever."""
+"""A resource only the head node has: each group's Tune trial (a 0.01-CPU sliver that only
+waits) is held to the head, or its sliver on a worker node would leave that node short of the
+whole CPUs its strictly placed workers need, and the group would wait forever (the local twin's
+1-CPU nodes did, for every baseline)."""
 
 
-def trial_resources(trial_cpu: float, concurrency: int) -> dict[str, float]:
-    """The Tune trial's own resources (its worker group asks for the rest)."""
-    return {"cpu": trial_cpu} | ({HEAD_RESOURCE: 0.001} if concurrency > 1 else {})
+TRIAL_CPU = 0.01
+"""The CPU sliver a Tune trial holds while it drives a TorchTrainer: a whole CPU would leave
+the trainer's workers waiting forever for resources on a small machine."""
+
+
+def trial_resources() -> dict[str, float]:
+    """The Tune trial's own resources (its worker group asks for the rest), on the head."""
+    return {"cpu": TRIAL_CPU, HEAD_RESOURCE: 0.001}
 
 
 def workers_fitting(node: dict[str, Any], cpus_per_worker: float, use_gpu: bool) -> int:
     """How many trial workers one node (an entry of ``ray.nodes()``) can hold."""
     have = node.get("Resources", {})
-    fit = int(have.get("CPU", 0) // cpus_per_worker) if cpus_per_worker > 0 else 1 << 30
+    cpus = have.get("CPU", 0) - (TRIAL_CPU if HEAD_RESOURCE in have else 0)  # the trial's sliver
+    fit = int(cpus // cpus_per_worker) if cpus_per_worker > 0 else 1 << 30
     if use_gpu:
         fit = min(fit, int(have.get("GPU", 0)))
     return fit

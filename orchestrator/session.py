@@ -13,12 +13,8 @@ from typing import Any
 
 from orchestrator.address import check_reachable
 from orchestrator.config import ClusterConfig, Config, ConfigError
-from orchestrator.placement import PlacementError, layout_for
+from orchestrator.placement import TRIAL_CPU, PlacementError, layout_for
 from orchestrator.runfiles import topology
-
-TRIAL_CPU = 0.01
-"""The CPU sliver a Tune trial holds while it drives a TorchTrainer: a whole CPU would leave
-the trainer's workers waiting forever for resources on a small machine."""
 
 
 def backend_name(use_gpu: bool) -> str:

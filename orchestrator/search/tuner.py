@@ -39,7 +39,7 @@ from orchestrator.search.trial import (
     run_group,
     sampled_params,
 )
-from orchestrator.session import TRIAL_CPU, driver_queue
+from orchestrator.session import driver_queue
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S
@@ -294,7 +294,7 @@ def build_tuner(
     ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
-    resources = trial_resources(TRIAL_CPU, ctx.config.search.concurrency)
+    resources = trial_resources()
     trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), resources)
     return tune.Tuner(
         trainable,

@@ -128,3 +128,21 @@ def test_the_search_summary_warns_when_trials_ran_on_different_placements(tmp_pa
     assert "placement" in (tmp_path / "trials.csv").read_text().splitlines()[0].split(",")
     recs[1].attrs[m.PLACEMENT] = "node0:2"
     assert not any("placements" in line for line in write_outputs(recs, Config(), space, tmp_path))
+
+
+def test_the_head_holds_the_trials_sliver_so_its_last_cpu_is_not_a_workers() -> None:
+    """The local twin: a 1-CPU head (where the Tune trial's 0.01 CPU is held) and two 1-CPU
+    worker nodes. A bundle pinned to the head waited forever beside the sliver (every baseline
+    was a hang in phase start): the workers go to the two other nodes."""
+    from orchestrator.placement import HEAD_RESOURCE, trial_resources
+
+    def node(node_id: str, head: bool) -> dict:
+        resources = {"CPU": 1.0, **({HEAD_RESOURCE: 1.0} if head else {})}
+        return {"NodeID": node_id, "Alive": True, "Resources": resources}
+
+    nodes = [node("head", True), node("w1", False), node("w2", False)]
+    layout = layout_for(nodes, None, 2, 1.0, False, "pack")
+    assert sorted(layout.pinned) == ["w1", "w2"]
+    assert trial_resources()[HEAD_RESOURCE] > 0, "the trial is held to the head"
+    one_node = [{"NodeID": "h", "Alive": True, "Resources": {"CPU": 3.0, HEAD_RESOURCE: 1.0}}]
+    assert layout_for(one_node, None, 2, 1.0, False, "pack").strategy == "STRICT_PACK"
