@@ -8,8 +8,9 @@ same holds for conditional branches, early exits and multi-task heads).
 
 commtune sees on the driver that a forward/backward of a few micro-batches leaves experts
 without a gradient, and runs DDP with ``find_unused_parameters=True`` in every plan, the
-baseline too (one line says so; ``workload.unused_parameters`` decides it yourself). FSDP2
-needs nothing: a parameter without a gradient reduce-scatters as zeros.
+baseline too (one line says so; ``workload.unused_parameters`` decides it yourself). FSDP is
+refused for such a model: ranks that route to different experts would pair one rank's expert
+with another's in FSDP2's per-unit collectives.
 """
 
 import torch

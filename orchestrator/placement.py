@@ -37,9 +37,12 @@ TRIAL_CPU = 0.01
 the trainer's workers waiting forever for resources on a small machine."""
 
 
-def trial_resources() -> dict[str, float]:
-    """The Tune trial's own resources (its worker group asks for the rest), on the head."""
-    return {"cpu": TRIAL_CPU, HEAD_RESOURCE: 0.001}
+def trial_resources(nodes: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The Tune trial's own resources (its worker group asks for the rest): on the head, where
+    the head has the CPU for it (a head started with --num-cpus=0 has not: then anywhere)."""
+    head = next((n for n in nodes if HEAD_RESOURCE in n.get("Resources", {})), {})
+    on_head = head.get("Resources", {}).get("CPU", 0) >= TRIAL_CPU
+    return {"cpu": TRIAL_CPU} | ({HEAD_RESOURCE: 0.001} if on_head else {})
 
 
 def workers_fitting(node: dict[str, Any], cpus_per_worker: float, use_gpu: bool) -> int:

@@ -70,7 +70,7 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
     Returns the config with ``workload.unused_parameters`` settled, and what to say of it."""
     if config.workload.entrypoint is None:
         check_model_overrides(config.workload)
-        return config, []
+        return _no_fsdp(config), []
     shape = check_entrypoint(config)
     if config.workload.unused_parameters is not None:
         return _no_fsdp(config), []
@@ -84,6 +84,9 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
     )
     if not found:
         return settled, []
+    if shape.unused == ("(declared)",):
+        return _no_fsdp(settled), ["workload: it declares unused_parameters: DDP runs with "
+                                   "find_unused_parameters=True in every plan"]  # fmt: skip
     shown = ", ".join(shape.unused[:3]) + (", ..." if len(shape.unused) > 3 else "")
     return _no_fsdp(settled), [
         f"workload: {len(shape.unused)} parameter(s) got no gradient in some micro-batches "
@@ -120,7 +123,8 @@ def check_entrypoint(config: Config) -> WorkloadShape | None:
     fields = workload_fields(config)
     key = (fields["entrypoint"], fields["workload_source"], repr(sorted(fields["options"].items())),
            config.search.seed, config.cluster.num_workers, config.workload.seq_len,
-           config.workload.precision)  # fmt: skip
+           config.workload.precision, config.workload.global_batch,
+           config.workload.unused_parameters)  # fmt: skip
     if key not in _SHAPES:
         _SHAPES[key] = _build_shape(config, fields)
     return _SHAPES[key]
@@ -171,8 +175,11 @@ def _unused(workload: Any, config: Config) -> tuple[list[str], str | None]:
     that runs it shows the user's error where it happens)."""
     from train_fns.workload import find_unused
 
-    if workload.unused_parameters is not None:
-        return (["(declared by the workload)"] if workload.unused_parameters else []), None
+    declared = config.workload.unused_parameters
+    if declared is None:
+        declared = workload.unused_parameters
+    if declared is not None:  # the config's or the workload's word: no probe
+        return (["(declared)"] if declared else []), None
     per_worker = max(1, config.workload.global_batch // config.cluster.num_workers)
     try:
         return find_unused(workload, min(2, per_worker)), None

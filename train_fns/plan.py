@@ -117,7 +117,10 @@ class FSDPOptions:
 def model_knobs(knobs: dict[str, Any], unused_parameters: bool | None) -> dict[str, Any]:
     """``knobs`` as the model needs them: one whose steps leave parameters unused runs DDP with
     ``find_unused_parameters`` whatever was tuned (without it, DDP's reducer stops the run)."""
-    return {**knobs, "find_unused_parameters": True} if unused_parameters else knobs
+    if not unused_parameters:
+        return knobs
+    # static_graph assumes the same parameters get gradients every step
+    return {**knobs, "find_unused_parameters": True, "static_graph": False}
 
 
 def options_from_knobs(knobs: dict[str, Any]) -> tuple[DDPOptions, FSDPOptions]:
@@ -220,6 +223,11 @@ class TrialPlan:
                 "ddp.static_graph=True with accumulation_steps > 1 fails in torch's DDP "
                 "(no_sync under static_graph, pytorch#143580); use static_graph=False "
                 "or accumulation_steps=1"
+            )
+        if self.strategy == "fsdp" and self.ddp.find_unused_parameters:
+            raise InfeasiblePlan(
+                "strategy=fsdp for a model whose steps leave parameters unused: FSDP2's per-unit "
+                "collectives would pair different units across ranks; use ddp"
             )
         self._check_knobs()
         if self.measure_steps < self.num_windows or self.num_windows < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 from train_fns import metrics as m
@@ -143,27 +144,43 @@ def classify_failure(
     if any(mark in low for mark in crash_marks):
         first = next((t for t in failure_texts(exc) if "died" in t.lower()), text)
         return m.CRASH, f"a worker process died: {_one_line(first)}"
-    whose, shown = _whose(text)
+    whose, shown = _whose(text, _user_package(plan))
     tail = traceback_tail(text, shown)
     if tail is not None:
         return m.CRASH, f"{whose} raised {_one_line(tail)}{_fix(low)}"
     return m.ERROR, _one_line(text)
 
 
-_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]")
-_COMMTUNE = re.compile(r"[/\\](train_fns|orchestrator|search_spaces)[/\\]")
+_LIBRARY = re.compile(
+    r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\](python3\.\d+t?|pypy3\.\d+)[/\\]|\\Lib\\"
+)
+_COMMTUNE_ROOT = str(Path(__file__).resolve().parents[2])
+_COMMTUNE = re.compile(
+    rf"^{re.escape(_COMMTUNE_ROOT)}[/\\](train_fns|orchestrator|search_spaces)[/\\]"
+    r"|[/\\](site-packages|_ray_pkg_\w+)[/\\](train_fns|orchestrator|search_spaces)[/\\]"
+)
+"""commtune's own files: under this checkout, an installed copy or a job's uploaded working
+directory (Ray's ``_ray_pkg_*``), not any folder that happens to be called ``orchestrator``."""
+
+
+def _user_package(plan: TrialPlan) -> str | None:
+    """The top package of a ``package.module:function`` entrypoint: the user's code, wherever
+    it is installed (site-packages included)."""
+    module = str(plan.entrypoint or "").rpartition(":")[0]
+    return module.split(".")[0] if module and not module.endswith(".py") else None
 _DISTRIBUTED = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel)[/\\]")
 
 
-def _whose(text: str) -> tuple[str, int]:
+def _whose(text: str, package: str | None = None) -> tuple[str, int]:
     """Whose code failed, from the last traceback's frames, and which frame to show: the
     user's (their workload's or model's frames are on the stack: the innermost of those),
     torch.distributed's (DDP's reducer, FSDP, a collective, with no frame of the user's),
     commtune's own, or the model library's (the innermost frame)."""
     body = text[text.rfind("Traceback (most recent call last)") :]
     files = [f for f, _, _ in _FRAME.findall(body)]
-    users = [i for i, f in enumerate(files)
-             if not f.startswith("<") and not _LIBRARY.search(f) and not _COMMTUNE.search(f)]
+    mine = re.compile(rf"[/\\]{re.escape(package)}[/\\]") if package else None
+    users = [i for i, f in enumerate(files) if (mine and mine.search(f)) or (
+        not f.startswith("<") and not _LIBRARY.search(f) and not _COMMTUNE.search(f))]
     if users:
         return "the training code", users[-1]
     innermost = files[-1] if files else ""

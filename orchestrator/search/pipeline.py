@@ -162,8 +162,12 @@ def _tune(
         study_name=config.name, storage=storage, direction="maximize", load_if_exists=True,
         sampler=make_sampler(cfg.sampler, cfg.seed, cfg.trials),
     )  # fmt: skip
-    if existing is None:
-        the_study.enqueue_trial(space.optuna_params(space.baseline()))
+    baseline = space.optuna_params(space.baseline())
+    queued = the_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    if existing is None or (baseline_record(records(the_study), space.baseline()) is None
+                            and all(t.params != baseline for t in queued)):  # fmt: skip
+        # a new study, or one whose baseline failed: the fix is what --resume is for
+        the_study.enqueue_trial(baseline)
     proposer = Proposer(space, cfg.sampler, cfg.trials, _seeds(ctx))
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "

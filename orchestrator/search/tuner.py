@@ -43,8 +43,13 @@ from orchestrator.session import driver_queue
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S
-SYSTEMATIC = (m.CRASH, m.ERROR, m.HANG)
-"""Outcomes of the baseline that every other trial would share: the search stops after it."""
+def systematic(outcome: dict[str, Any]) -> bool:
+    """A baseline outcome every other trial would share, so the search stops after it: code
+    that raised (a traceback: the user's, torch.distributed's, commtune's) or an error. Not an
+    out-of-memory (another split may fit), a hang (a slow start, a stuck node) or a worker that
+    died without a traceback (a lost node, the host's OOM killer)."""
+    state, reason = outcome.get(m.STATE), str(outcome.get(m.REASON, ""))
+    return state == m.ERROR or (state == m.CRASH and " raised " in reason)
 """The trial driver only waits on its workers; a whole CPU for it would starve them."""
 _OPTUNA_STATES = {
     m.COMPLETE: optuna.trial.TrialState.COMPLETE,
@@ -121,9 +126,8 @@ class GroupSearch(Searcher):
         """The slowest group start this run has seen (not a resumed study's older ones, from
         another cluster perhaps): a new group's start is bounded by a multiple of it."""
         self.baseline_failed: str | None = None
-        """Why the baseline failed, when it did for a reason every trial shares (a crash, an
-        error, a hang: not an out-of-memory, which another split may avoid): no trial starts
-        after it."""
+        """Why the baseline failed, when it did for a reason every trial shares (``systematic``):
+        no trial starts after it."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self.baseline_failed is not None:
@@ -223,7 +227,7 @@ class GroupSearch(Searcher):
         outcome = full.get(OUTCOME, {})
         self.slowest_start_s = slowest_start([outcome], self.slowest_start_s)
         self._tell(asked, outcome)
-        if asked.params == self.ctx.space.baseline() and outcome.get(m.STATE) in SYSTEMATIC:
+        if asked.params == self.ctx.space.baseline() and systematic(outcome):
             self.baseline_failed = f"{outcome[m.STATE]}: {outcome.get(m.REASON, '')}"
         group.sent.remove(asked)
         group.told += 1
@@ -294,7 +298,9 @@ def build_tuner(
     ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
-    resources = trial_resources()
+    import ray
+
+    resources = trial_resources(ray.nodes())
     trainable = tune.with_resources(tune.with_parameters(run_group, ctx=ctx), resources)
     return tune.Tuner(
         trainable,

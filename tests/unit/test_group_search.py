@@ -117,16 +117,21 @@ def test_failed_configurations_reach_optuna_as_failures_not_zero(state: str) -> 
     assert trial.state == expected
 
 
-@pytest.mark.parametrize("state", [m.CRASH, m.ERROR, m.HANG])
+@pytest.mark.parametrize(("state", "reason"), [
+    (m.CRASH, "the training code raised RuntimeError: Expected to have finished reduction"),
+    (m.ERROR, "could not derive its plan"),
+])  # fmt: skip
 def test_a_baseline_that_fails_for_every_trial_ends_the_search_after_it(
-    state: str, capsys: pytest.CaptureFixture
+    state: str, reason: str, capsys: pytest.CaptureFixture
 ) -> None:
     """Issue 29: every trial of a model DDP could not run crashed the same way; the search
     now stops after the baseline, records what was asked as interrupted, and says why."""
     search = _search(group_size=4, spaces=("accumulation",))  # one environment: one group
     config = search.suggest("t0")
     baseline = config[WORK].items[0]
-    search.on_trial_result("t0", _result(baseline["number"], state=state, value=None))
+    result = _result(baseline["number"], state=state, value=None)
+    result[f"{OUTCOME}/{m.REASON}"] = reason
+    search.on_trial_result("t0", result)
     assert config[WORK].items[1] is None, "the baseline's group gets nothing more"
     search.on_trial_complete("t0")
     assert search.suggest("t1") == search.FINISHED
@@ -135,12 +140,20 @@ def test_a_baseline_that_fails_for_every_trial_ends_the_search_after_it(
     assert states[0] == state and set(states[1:]) <= {"interrupted"}
 
 
-def test_a_baseline_out_of_memory_lets_the_search_go_on() -> None:
-    """Another split (accumulation, FSDP) may fit where the baseline did not."""
+@pytest.mark.parametrize(("state", "reason"), [
+    (m.OOM, "out of memory at micro_batch=8"),  # another split may fit
+    (m.HANG, "hang in phase start: 0 of 2 workers ready"),  # a slow or stuck cluster
+    (m.CRASH, "a worker process died: ActorDiedError"),  # a lost node, the host's OOM killer
+])  # fmt: skip
+def test_a_baseline_that_failed_for_its_own_reasons_lets_the_search_go_on(
+    state: str, reason: str
+) -> None:
     search = _search(group_size=4, spaces=("accumulation",))  # one environment: one group
     config = search.suggest("t0")
-    search.on_trial_result("t0", _result(config[WORK].items[0]["number"], m.OOM, None))
-    assert search.baseline_failed is None and config[WORK].items[1] is not None
+    result = _result(config[WORK].items[0]["number"], state, None)
+    result[f"{OUTCOME}/{m.REASON}"] = reason
+    search.on_trial_result("t0", result)
+    assert search.baseline_failed is None
 
 
 def test_only_configurations_after_a_best_get_a_prune_threshold() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from orchestrator.search.outcome import classify_failure, comm_split, summarize
+from orchestrator.search.outcome import _COMMTUNE_ROOT, classify_failure, comm_split, summarize
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -157,6 +159,7 @@ def _worker_traceback(frames: list[str], raised: str) -> RuntimeError:
 
 
 SITE = "/venv/lib/python3.11/site-packages"
+ROOT = _COMMTUNE_ROOT
 REDUCER = (
     "RuntimeError: Expected to have finished reduction in the prior iteration before starting "
     "a new one. This error indicates that your module has parameters that were not used in "
@@ -170,15 +173,15 @@ def test_a_failure_is_attributed_to_whose_code_raised_it() -> None:
     commtune's own frames innermost: a commtune bug."""
     cases = {
         "the training code raised ValueError: bad shape (at /home/me/moe.py:12": [
-            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py",
+            f"{SITE}/ray/train/_internal/utils.py", f"{ROOT}/train_fns/loop.py",
             "/home/me/moe.py", f"{SITE}/torch/nn/functional.py"],
         "torch.distributed (DDP, FSDP or a collective": [
-            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py",
+            f"{SITE}/ray/train/_internal/utils.py", f"{ROOT}/train_fns/loop.py",
             f"{SITE}/torch/nn/parallel/distributed.py"],
         "commtune's worker code (a commtune bug": [
-            f"{SITE}/ray/train/_internal/utils.py", "/srv/commtune/train_fns/loop.py"],
+            f"{SITE}/ray/train/_internal/utils.py", f"{ROOT}/train_fns/loop.py"],
         "the model's library code raised": [
-            "/srv/commtune/train_fns/loop.py", f"{SITE}/transformers/models/bert/modeling.py"],
+            f"{ROOT}/train_fns/loop.py", f"{SITE}/transformers/models/bert/modeling.py"],
     }  # fmt: skip
     for words, frames in cases.items():
         raised = REDUCER if "torch.distributed" in words else "ValueError: bad shape"
@@ -186,3 +189,16 @@ def test_a_failure_is_attributed_to_whose_code_raised_it() -> None:
         state, reason = classify_failure(exc, PLAN)
         assert state == m.CRASH and words in reason, reason
         assert ("set workload.unused_parameters: true" in reason) == (raised == REDUCER), reason
+
+
+def test_a_folder_named_like_commtunes_is_the_users_and_an_installed_package_too() -> None:
+    """Frames are commtune's by where commtune is, not by a folder's name; a package-form
+    entrypoint's frames are the user's even in site-packages."""
+    frames = [f"{ROOT}/train_fns/loop.py", "/home/a/orchestrator/wl.py"]
+    exc = FakeWorkerGroupError({0: _worker_traceback(frames, "ValueError: x")})
+    assert "the training code raised" in classify_failure(exc, PLAN)[1]
+    frames = [f"{ROOT}/train_fns/loop.py", f"{SITE}/mypkg/model.py", f"{SITE}/torch/nn/f.py"]
+    exc = FakeWorkerGroupError({0: _worker_traceback(frames, "ValueError: x")})
+    packaged = dataclasses.replace(PLAN, entrypoint="mypkg.work:make_workload")
+    reason = classify_failure(exc, packaged)[1]
+    assert "the training code raised" in reason and "mypkg/model.py" in reason, reason

@@ -143,6 +143,8 @@ def test_the_head_holds_the_trials_sliver_so_its_last_cpu_is_not_a_workers() -> 
     nodes = [node("head", True), node("w1", False), node("w2", False)]
     layout = layout_for(nodes, None, 2, 1.0, False, "pack")
     assert sorted(layout.pinned) == ["w1", "w2"]
-    assert trial_resources()[HEAD_RESOURCE] > 0, "the trial is held to the head"
+    assert trial_resources(nodes)[HEAD_RESOURCE] > 0, "the trial is held to the head"
+    cpuless = [{"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0, HEAD_RESOURCE: 1.0}}]
+    assert HEAD_RESOURCE not in trial_resources(cpuless), "a 0-CPU head cannot hold it"
     one_node = [{"NodeID": "h", "Alive": True, "Resources": {"CPU": 3.0, HEAD_RESOURCE: 1.0}}]
     assert layout_for(one_node, None, 2, 1.0, False, "pack").strategy == "STRICT_PACK"
