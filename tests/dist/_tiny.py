@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import torch
 
@@ -52,3 +53,41 @@ def tiny_plan(world_size: int = 2, accumulation_steps: int = 1, **changes: objec
         model_overrides=TINY_BERT,
     )
     return dataclasses.replace(plan, **changes)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_plan(
+    example: str, options: dict, world_size: int, accumulation: int, **changes: object
+) -> TrialPlan:
+    """A plan of ``examples/<example>.py``'s workload (not a Hugging Face model) at the global
+    batch of 8, split over ``world_size`` ranks and ``accumulation`` micro-batches."""
+    return TrialPlan(
+        model=example, task=None, seq_len=1, global_batch=GLOBAL_BATCH, world_size=world_size,
+        accumulation_steps=accumulation, micro_batch=GLOBAL_BATCH // (world_size * accumulation),
+        entrypoint=f"{EXAMPLES / example}.py:make_workload", options=options, lr=1e-2, **changes,
+    )  # fmt: skip
+
+
+def step_losses(rank: int, world_size: int, plans: list[dict], steps: int) -> list:
+    """Each plan's per-step mean loss (averaged over ranks, as a step's loss is) through the
+    real worker loop, or the text of the RuntimeError that stopped it."""
+    from train_fns.loop import build_runner
+
+    out: list = []
+    for data in plans:
+        runner, _ = build_runner(TrialPlan.from_dict(data), rank, CPU)
+        losses = []
+        try:
+            for step in range(steps):
+                loss = runner.run_step(step).detach().clone()
+                if world_size > 1:
+                    torch.distributed.all_reduce(loss)
+                    loss /= world_size
+                losses.append(float(loss))
+        except RuntimeError as e:
+            out.append(str(e))
+            continue
+        out.append(losses)
+    return out

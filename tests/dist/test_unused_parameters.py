@@ -7,49 +7,20 @@ such models (orchestrator/plans.py says why)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from _spawn import run_distributed
+from _tiny import CPU, EXAMPLES, example_plan, step_losses
 
-from train_fns.loop import build_runner
 from train_fns.plan import DDPOptions, TrialPlan
 
-CPU = torch.device("cpu")
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-ENTRYPOINT = f"{EXAMPLES / 'moe_workload.py'}:make_workload"
 OPTIONS = {"width": 16, "experts": 4}
-GLOBAL_BATCH = 8
+ENTRYPOINT = f"{EXAMPLES / 'moe_workload.py'}:make_workload"
 STEPS = 4
 
 
 def plan(world_size: int, accumulation: int, **changes: object) -> TrialPlan:
-    return TrialPlan(
-        model="moe", task=None, seq_len=1, global_batch=GLOBAL_BATCH, world_size=world_size,
-        accumulation_steps=accumulation, micro_batch=GLOBAL_BATCH // (world_size * accumulation),
-        entrypoint=ENTRYPOINT, options=OPTIONS, lr=1e-2, **changes,
-    )  # fmt: skip
-
-
-def _run(rank: int, world_size: int, plans: list[dict]) -> list[list[float] | str]:
-    """Each plan's per-step mean loss (averaged over ranks), or the error that stopped it."""
-    out: list[list[float] | str] = []
-    for data in plans:
-        runner, _ = build_runner(TrialPlan.from_dict(data), rank, CPU)
-        steps = []
-        try:
-            for step in range(STEPS):
-                loss = runner.run_step(step).detach().clone()
-                if world_size > 1:
-                    torch.distributed.all_reduce(loss)
-                    loss /= world_size
-                steps.append(float(loss))
-        except RuntimeError as e:
-            out.append(str(e))
-            continue
-        out.append(steps)
-    return out
+    return example_plan("moe_workload", OPTIONS, world_size, accumulation, **changes)
 
 
 def _used_experts(rank: int, world_size: int) -> list[int]:
@@ -73,11 +44,10 @@ def test_unused_experts_train_exactly_with_ddp() -> None:
     found = DDPOptions(find_unused_parameters=True)
     # one process, micro-batches of 4 and of 2: the same micro-batches as 2 ranks at
     # accumulation 1 and 2
-    references = run_distributed(
-        _run, [plan(1, 2, ddp=found).to_dict(), plan(1, 4, ddp=found).to_dict()], world_size=1
-    )[0]
+    singles = [plan(1, 2, ddp=found).to_dict(), plan(1, 4, ddp=found).to_dict()]
+    references = run_distributed(step_losses, singles, STEPS, world_size=1)[0]
     variants = [plan(2, 1, ddp=found), plan(2, 2, ddp=found)]
-    results = run_distributed(_run, [p.to_dict() for p in variants])[0]
+    results = run_distributed(step_losses, [p.to_dict() for p in variants], STEPS)[0]
     for accumulation, losses, reference in zip((1, 2), results, references, strict=True):
         assert not isinstance(losses, str) and not isinstance(reference, str), losses
         assert losses[-1] != losses[0], "it trains"
@@ -87,5 +57,5 @@ def test_unused_experts_train_exactly_with_ddp() -> None:
 
 @pytest.mark.parametrize("accumulation", [1])
 def test_ddp_without_find_unused_parameters_stops_as_users_saw(accumulation: int) -> None:
-    (stopped,) = run_distributed(_run, [plan(2, accumulation).to_dict()])[0]
+    (stopped,) = run_distributed(step_losses, [plan(2, accumulation).to_dict()], STEPS)[0]
     assert isinstance(stopped, str) and "Expected to have finished reduction" in stopped

@@ -30,10 +30,9 @@ def listening() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-@pytest.fixture
-def grpc_like() -> Iterator[int]:
-    """A port that answers HTTP/2's preface with a SETTINGS frame, as a gRPC server (Ray's GCS,
-    its client server) does at once."""
+def _serve(answer: bytes | None) -> socket.socket:
+    """A loopback server that reads what a client sends and answers ``answer``, or closes at
+    once (None); close the returned socket to end it."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -45,10 +44,19 @@ def grpc_like() -> Iterator[int]:
             except OSError:  # closed: the test is over
                 return
             with connection:
-                connection.recv(64)
-                connection.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                if answer is not None:
+                    connection.recv(64)
+                    connection.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def grpc_like() -> Iterator[int]:
+    """A port that answers HTTP/2's preface with a SETTINGS frame, as a gRPC server (Ray's GCS,
+    its client server) does at once."""
+    server = _serve(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
     yield server.getsockname()[1]
     server.close()
 
@@ -170,18 +178,7 @@ def test_a_port_that_closes_is_said_so_and_tls_clusters_are_left_to_ray(
 ) -> None:
     """A TLS Ray (RAY_USE_TLS) closes a plaintext preface: with it set, only the TCP reach is
     checked; without it, the closing port is refused with what it did."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def close_each() -> None:
-        while True:
-            try:
-                server.accept()[0].close()
-            except OSError:
-                return
-
-    threading.Thread(target=close_each, daemon=True).start()
+    server = _serve(None)
     address = f"127.0.0.1:{server.getsockname()[1]}"
     try:
         with pytest.raises(ConfigError, match="closed the connection without an HTTP/2 answer"):
