@@ -101,7 +101,8 @@ def test_a_stopped_search_leaves_no_open_trial_and_resume_queues_them_once(tmp_p
     x = {"x": optuna.distributions.IntDistribution(0, 9)}
     study.tell(study.ask(x), 1.0)
     running = study.ask(x)
-    study.enqueue_trial({"x": 7})  # a seed queued, never run
+    seed = {"x": (running.params["x"] + 1) % 10}  # never the running one's (1 run in 10 failed)
+    study.enqueue_trial(seed)  # a seed queued, never run
     assert close_interrupted(study, "stopped") == [running.number, running.number + 1]
     open_states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
     assert not study.get_trials(states=open_states)
@@ -114,7 +115,7 @@ def test_a_stopped_search_leaves_no_open_trial_and_resume_queues_them_once(tmp_p
     assert requeue_interrupted(study) == [1, 2]
     assert requeue_interrupted(study) == [], "a second resume does not queue them again"
     again = [study.ask(x).params for _ in range(2)]
-    assert again == [running.params, {"x": 7}]
+    assert again == [running.params, seed]
 
 
 def test_storage_urls_and_journal_files(tmp_path) -> None:
