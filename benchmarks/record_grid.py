@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = [
-    "search.sampler=grid", "search.trials=100000", "search.prune=false", "search.remeasure_top=0",
-    "search.scaling_baseline=false", "search.cost_model_seeds=0", "search.group_size=100000",
+    "search.sampler=grid", "search.trials=10000", "search.prune=false", "search.remeasure_top=0",
+    "search.scaling_baseline=false", "search.cost_model_seeds=0", "search.group_size=10000",
 ]  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                    "unless --csv (what the tests run)")  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
-        args.preset, args.set = "smoke", [*args.set, "search.spaces=[accumulation]"]
+        args.preset, args.set = "smoke", [*args.set, "search.spaces=[accumulation]", "strategy=ddp"]
     elif args.csv is None:
         p.error("--csv is required (where the landscape goes)")
     started = time.monotonic()
