@@ -23,7 +23,8 @@ QUICK = {
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SLOW = {
     "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
-    "record_grid": r"accumulation_steps,.*samples_per_s,cv,state\n(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete",
+    "record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
+                    r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
     "verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
 }
 """Script -> what its quick output must hold (real searches: a few minutes each)."""
