@@ -43,6 +43,12 @@ from orchestrator.session import driver_queue
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S
+_OPTUNA_STATES = {
+    m.COMPLETE: optuna.trial.TrialState.COMPLETE,
+    m.PRUNED: optuna.trial.TrialState.PRUNED,
+}
+
+
 def systematic(outcome: dict[str, Any]) -> bool:
     """A baseline outcome every other trial would share, so the search stops after it: code
     that raised (a traceback: the user's, torch.distributed's, commtune's) or an error. Not an
@@ -50,11 +56,6 @@ def systematic(outcome: dict[str, Any]) -> bool:
     died without a traceback (a lost node, the host's OOM killer)."""
     state, reason = outcome.get(m.STATE), str(outcome.get(m.REASON, ""))
     return state == m.ERROR or (state == m.CRASH and " raised " in reason)
-"""The trial driver only waits on its workers; a whole CPU for it would starve them."""
-_OPTUNA_STATES = {
-    m.COMPLETE: optuna.trial.TrialState.COMPLETE,
-    m.PRUNED: optuna.trial.TrialState.PRUNED,
-}
 
 
 def json_safe(value: Any) -> Any:
