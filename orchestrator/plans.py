@@ -58,7 +58,9 @@ class WorkloadShape:
     num_params: int
     num_blocks: int
     unused: tuple[str, ...] = ()
-    """Parameters a few micro-batches left without a gradient (or the workload declared so)."""
+    """Parameters a few micro-batches left without a gradient."""
+    declared: bool | None = None
+    """What the workload itself says (``unused_parameters`` in what make_workload returns)."""
     probe_failed: str | None = None
     """Why that could not be told (the user's batch or loss raised on the driver)."""
 
@@ -78,13 +80,13 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
         return config, [f"workload: could not tell whether steps leave parameters unused "
                         f"({shape.probe_failed}); set workload.unused_parameters: true if "
                         "they do"]  # fmt: skip
-    found = bool(shape.unused)
+    found = shape.declared if shape.declared is not None else bool(shape.unused)
     settled = dataclasses.replace(
         config, workload=dataclasses.replace(config.workload, unused_parameters=found)
     )
     if not found:
         return settled, []
-    if shape.unused == ("(declared)",):
+    if shape.declared:
         return _no_fsdp(settled), ["workload: it declares unused_parameters: DDP runs with "
                                    "find_unused_parameters=True in every plan"]  # fmt: skip
     shown = ", ".join(shape.unused[:3]) + (", ..." if len(shape.unused) > 3 else "")
@@ -165,21 +167,18 @@ def _build_shape(config: Config, fields: dict[str, Any]) -> WorkloadShape:
     except WorkloadError:
         blocks = []  # fine for DDP; FSDP and checkpointing say so in the trial that needs them
     num_params = sum(p.numel() for p in workload.model.parameters())
-    unused, failed = _unused(workload, config)
-    return WorkloadShape(num_params, len(blocks), tuple(unused), failed)
+    if config.workload.unused_parameters is not None or workload.unused_parameters is not None:
+        return WorkloadShape(num_params, len(blocks), declared=workload.unused_parameters)
+    unused, failed = _probe_unused(workload, config)  # nobody said: look
+    return WorkloadShape(num_params, len(blocks), tuple(unused), probe_failed=failed)
 
 
-def _unused(workload: Any, config: Config) -> tuple[list[str], str | None]:
-    """What the workload declares, else which parameters a few micro-batches of up to 2
-    samples leave without a gradient; a raising batch or loss is said, not fatal (the trial
-    that runs it shows the user's error where it happens)."""
+def _probe_unused(workload: Any, config: Config) -> tuple[list[str], str | None]:
+    """Which parameters a few micro-batches of up to 2 samples leave without a gradient; a
+    raising batch or loss is said, not fatal (the trial that runs it shows the user's error
+    where it happens)."""
     from train_fns.workload import find_unused
 
-    declared = config.workload.unused_parameters
-    if declared is None:
-        declared = workload.unused_parameters
-    if declared is not None:  # the config's or the workload's word: no probe
-        return (["(declared)"] if declared else []), None
     per_worker = max(1, config.workload.global_batch // config.cluster.num_workers)
     try:
         return find_unused(workload, min(2, per_worker)), None

@@ -76,3 +76,18 @@ def test_tuned_wrap_applies_the_same_setting() -> None:
     assert tuned.plan_for(best, 2).ddp.find_unused_parameters
     best["workload"]["unused_parameters"] = False
     assert not tuned.plan_for(best, 2).ddp.find_unused_parameters
+
+
+def test_a_workload_that_declares_it_is_taken_at_its_word(tmp_path: Path) -> None:
+    path = tmp_path / "w.py"
+    path.write_text(
+        "import torch\n"
+        "def make_workload(ctx):\n"
+        "    def loss(model, batch):\n"
+        "        raise AssertionError('not probed when declared')\n"
+        "    return {'model': torch.nn.Linear(2, 1), 'batch': lambda i: i, 'loss': loss,\n"
+        "            'unused_parameters': True}\n"
+    )
+    entry = f"workload.entrypoint={path}:make_workload"
+    config, (note,) = check_model(absolute_paths(load_config(None, "smoke", [entry])))
+    assert config.workload.unused_parameters is True and "it declares unused_parameters" in note
