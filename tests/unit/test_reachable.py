@@ -61,6 +61,15 @@ def grpc_like() -> Iterator[int]:
     server.close()
 
 
+def _search_at(address: str, out: Path) -> subprocess.CompletedProcess:
+    """The real search CLI (the smoke preset) pointed at ``address``."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--address", address,
+         "--out", str(out)],  # fmt: skip
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,11 +120,7 @@ def test_an_answer_that_is_not_ray_through_the_cli_is_one_line_fast(
     """A real search pointed at a port that accepts and says nothing (it waited over 300 s in
     ray.init before): exit 2, one line naming --address, no Ray started, nothing written."""
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--address",
-         f"127.0.0.1:{listening}", "--out", str(tmp_path / "out")],  # fmt: skip
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = _search_at(f"127.0.0.1:{listening}", tmp_path / "out")
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1, proc.stderr
     assert "--address: something answers at" in err[0] and "not as a Ray cluster" in err[0]
@@ -150,11 +155,7 @@ def test_submit_checks_the_jobs_api_address_first(capsys: pytest.CaptureFixture)
 def test_an_unreachable_address_exits_fast_through_the_cli(tmp_path: Path) -> None:
     """Through the real CLI: exit 2 naming --address, no Ray started, nothing written."""
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--address",
-         f"127.0.0.1:{_closed_port()}", "--out", str(tmp_path / "out")],  # fmt: skip
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = _search_at(f"127.0.0.1:{_closed_port()}", tmp_path / "out")
     elapsed = time.monotonic() - started
     assert proc.returncode == 2 and "--address: nothing answers" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
