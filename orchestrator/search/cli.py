@@ -99,9 +99,16 @@ def provisional_context(config: Config) -> SearchContext:
     )
 
 
-def check(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
+def check(argv: list[str]) -> Config:
+    """The config a search with these arguments would run, validated without touching the
+    output folder: the command's face, which ``orchestrator.submit`` calls before it sends a
+    job (a mistake stops on this machine, not minutes later on the cluster)."""
+    return configure(parse_args(argv))[0]
+
+
+def configure(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     """The config and faults the arguments describe, validated without touching the output
-    folder (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
+    folder."""
     sets = list(args.set)
     for key, value in (
         ("search.trials", args.trials),
@@ -136,7 +143,7 @@ def output_dir(args: argparse.Namespace, config: Config) -> Path:
 
 def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
-    config, faults = check(args)
+    config, faults = configure(args)
     out = output_dir(args, config)
     check_out_dir(out)
     if not args.dry_run:

@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def add_job_parser(sub: argparse._SubParsersAction, name: str) -> None:
     """A job kind's own options; every other argument goes to the job (and is checked here)."""
     s = sub.add_parser(
-        name, help=f"submit `python -m {COMMANDS[name]} ARGS` as a job", allow_abbrev=False
+        name, help=f"submit `python -m {COMMANDS[name].module} ARGS` as a job", allow_abbrev=False
     )
     s.add_argument(
         "--follow", action="store_true", help="stream the logs until the job ends; exit with it"

@@ -19,15 +19,31 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from orchestrator import search, train
 from orchestrator.address import check_reachable
+from orchestrator.config import Config
 from orchestrator.inputs import parse_env_items
 from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = {"search": "orchestrator.search", "train": "orchestrator.train"}
+
+
+class Command(NamedTuple):
+    """A job kind: the module the job runs (``python -m``) and that command's face, which
+    validates the job's arguments here before anything is sent."""
+
+    module: str
+    check: Callable[[list[str]], Config]
+
+
+COMMANDS = {
+    "search": Command("orchestrator.search", search.check),
+    "train": Command("orchestrator.train", train.check),
+}
 """Job kinds: what a user may run on the cluster through this tool."""
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 DEFAULT_RESULTS_ROOT = "~/commtune-runs"
@@ -136,26 +152,33 @@ def job_command(args: argparse.Namespace, job_id: str, staging: Path) -> tuple[l
     directory, the resolved config and every local file it names (``staging.stage``), and the
     job reads that config; without one, every path must be absolute (the cluster reads them).
     """
-    import importlib
-
+    command = COMMANDS[args.command]
     job_args = list(args.job_args)
-    module = importlib.import_module(f"{COMMANDS[args.command]}.cli")
-    parsed = module.parse_args(job_args)
-    checked = module.check(parsed)
-    config = checked[0] if isinstance(checked, tuple) else checked
+    config = command.check(job_args)
+    given = _job_flags(job_args)
     if args.no_upload:
         absolute_inputs(config)
         job_args = _absolute_config(job_args)
     else:
         staged = stage(config, Path(args.working_dir), staging)
         job_args = ["--config", staged.as_posix(), *_without_config_flags(job_args)]
-    if not parsed.address:  # a job's driver joins the cluster it runs on
+    if not given.address:  # a job's driver joins the cluster it runs on
         job_args += ["--address", "auto"]
-    out = parsed.out
+    out = given.out
     if not out:
         out = f"{args.results_root.rstrip('/')}/{job_id}"
         job_args += ["--out", out]
-    return ["python", "-m", COMMANDS[args.command], *job_args], out
+    return ["python", "-m", command.module, *job_args], out
+
+
+def _job_flags(job_args: list[str]) -> argparse.Namespace:
+    """``--address`` and ``--out`` as the job's arguments give them (None: not given), read
+    the way argparse reads them (either spelling, the last wins): submit fills in the two that
+    a job on the cluster needs and the user left out. The rest is the command's to check."""
+    flags = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    flags.add_argument("--address")
+    flags.add_argument("--out")
+    return flags.parse_known_args(job_args)[0]
 
 
 def _without_config_flags(job_args: list[str]) -> list[str]:
@@ -322,5 +345,3 @@ def outcome(jobs, job_id: str, wait_s: float = 30.0, quiet: bool = False) -> int
     if str(info.status) == "SUCCEEDED":
         return 0
     return info.driver_exit_code or 1
-
-

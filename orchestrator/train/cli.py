@@ -54,9 +54,15 @@ def workers_range(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def check(args: argparse.Namespace) -> Config:
-    """The config the arguments describe, validated without touching the run folder
-    (``orchestrator.submit`` checks a job's arguments with it before submitting)."""
+def check(argv: list[str]) -> Config:
+    """The config a training run with these arguments would run, validated without touching
+    the run folder: the command's face, which ``orchestrator.submit`` calls before it sends a
+    job (a mistake stops on this machine, not minutes later on the cluster)."""
+    return configure(parse_args(argv))
+
+
+def configure(args: argparse.Namespace) -> Config:
+    """The config the arguments describe, validated without touching the run folder."""
     sets = list(args.set)
     for key, value in (("train.steps", args.steps), ("train.checkpoint_every",
                        args.checkpoint_every), ("train.max_failures", args.max_failures),
@@ -78,7 +84,7 @@ def check(args: argparse.Namespace) -> Config:
 
 def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     """Everything that can fail on user input, checked before Ray starts."""
-    config = check(args)
+    config = configure(args)
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")

@@ -104,6 +104,12 @@ def test_a_command_never_imports_another_commands_internals() -> None:
     assert bad == {}
 
 
+def test_submit_checks_a_job_through_each_commands_face() -> None:
+    """The arrows submit -> search and submit -> train are imports the graph sees (they were
+    hidden behind ``importlib`` once)."""
+    assert {"orchestrator.search", "orchestrator.train"} <= graph()["orchestrator.submit.jobs"]
+
+
 def test_test_modules_have_unique_basenames() -> None:
     """pytest imports test files by basename (no packages under tests/): two folders holding a
     test_x.py stop the whole run at collection (seen: CI, session 5)."""

@@ -55,6 +55,11 @@ def test_an_explicit_out_is_kept(tmp_path: Path) -> None:
     assert out == "/mnt/shared/runs/a" and argv.count("--out") == 1
 
 
+def test_an_explicit_out_and_address_are_kept_in_either_spelling(tmp_path: Path) -> None:
+    argv, out, _ = job(tmp_path, "train", "--preset", "smoke", "--out=/mnt/b", "--address=h:1")
+    assert out == "/mnt/b" and "--out" not in argv and "--address" not in argv
+
+
 @pytest.mark.parametrize("spelling", ["--config", "--config="])
 def test_configs_and_the_files_they_name_go_with_the_job(tmp_path: Path, spelling: str) -> None:
     """Outside the project, given as --config PATH or --config=PATH, with a workload file, a
