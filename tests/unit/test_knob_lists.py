@@ -1,0 +1,129 @@
+"""A plan knob's name lives in three lists: what a space may sample (``search_spaces._env``
+``PLAN_KNOBS``), what ``best.yaml``'s ``tuned`` may hold (``orchestrator.inputs`` ``TUNED_KNOBS``)
+and the fields a worker runs (``train_fns.plan``: ``DDPOptions``, ``FSDPOptions`` and a few of
+``TrialPlan``'s own). Nothing else keeps them in step, so this does: a knob added to one list
+and not the others fails here, naming it (docs/recipes.md, "Add a plan knob")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from orchestrator.config import Config, WorkloadConfig
+from orchestrator.inputs import TUNED_KNOBS
+from orchestrator.plans import plan_from_config
+from search_spaces import PLAN_KNOBS
+from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
+from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
+
+NOT_KNOBS = {
+    # what is trained, from the config's workload section (the same in every trial)
+    "model": "workload.model (or the entrypoint's label)",
+    "task": "workload.task, or inferred from the model",
+    "seq_len": "workload.seq_len",
+    "global_batch": "workload.global_batch: fixed, the search picks the split, never the total",
+    "precision": "workload.precision",
+    "model_overrides": "workload.model_overrides",
+    "data": "workload.data",
+    "tokenizer": "workload.tokenizer",
+    "lr": "workload.lr",
+    "entrypoint": "workload.entrypoint",
+    "options": "workload.options",
+    "workload_source": "the entrypoint file's text, read on the driver",
+    # where and how it is measured, from the cluster and search sections
+    "world_size": "the worker group's size (cluster.num_workers, or an elastic run's size now)",
+    "micro_batch": "derived: global_batch / (world_size x accumulation_steps)",
+    "use_gpu": "cluster.use_gpu as the cluster resolves it",
+    "seed": "search.seed",
+    "warmup_steps": "search.warmup_steps",
+    "measure_steps": "search.measure_steps",
+    "num_windows": "search.windows",
+    "step_deadline_s": "search.step_deadline_s",
+    "env_names": "the env variables the workers echo back (env knobs travel in the runtime env)",
+    "marker_dir": "where a hung worker leaves its marker",
+    "fault": "--inject-faults, a testing aid",
+    "max_grad_norm": "train.max_grad_norm (training runs only)",
+    "prune_below": "set per configuration by the pruner from the best so far",
+    "first_step": "a training run's data position",
+    "first_sample": "a training run's data position",
+    # the two option groups whose fields are the knobs themselves
+    "ddp": "DDPOptions: every field is a knob",
+    "fsdp": "FSDPOptions: every field is a knob",
+}
+"""TrialPlan fields that are not knobs, each with where its value comes from instead."""
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def plan_knob_fields() -> set[str]:
+    """The knobs as the worker sees them: every DDP and FSDP option, and TrialPlan's own
+    fields that are neither configuration nor measurement settings."""
+    return _names(DDPOptions) | _names(FSDPOptions) | (_names(TrialPlan) - set(NOT_KNOBS))
+
+
+def test_every_trial_plan_field_is_a_knob_or_says_where_it_comes_from() -> None:
+    stale = set(NOT_KNOBS) - _names(TrialPlan)
+    assert not stale, f"NOT_KNOBS names fields TrialPlan no longer has: {sorted(stale)}"
+
+
+def test_the_three_knob_lists_agree() -> None:
+    spaces, tuned, plan = set(PLAN_KNOBS), set(TUNED_KNOBS), plan_knob_fields()
+    drift = {
+        "missing from search_spaces._env PLAN_KNOBS": (tuned | plan) - spaces,
+        "missing from orchestrator.inputs TUNED_KNOBS": (spaces | plan) - tuned,
+        "missing from train_fns.plan (a field, or a new TrialPlan field not in NOT_KNOBS)": (
+            (spaces | tuned) - plan
+        ),
+    }
+    assert spaces == tuned == plan, "; ".join(f"{k}: {sorted(v)}" for k, v in drift.items() if v)
+
+
+def test_knobs_with_fixed_choices_and_lossy_values_are_plan_knobs() -> None:
+    assert set(KNOB_CHOICES) <= PLAN_KNOBS
+    assert set(LOSSY_VALUES) <= set(KNOB_CHOICES)
+    for knob, values in LOSSY_VALUES.items():
+        assert set(values) <= set(KNOB_CHOICES[knob]), knob
+
+
+SAMPLE = {
+    "strategy": "fsdp",
+    "accumulation_steps": 2,
+    "bucket_cap_mb": 50.0,
+    "gradient_as_bucket_view": True,
+    "static_graph": True,
+    "broadcast_buffers": False,
+    "find_unused_parameters": True,
+    "comm_hook": "bf16",
+    "reshard_after_forward": 2,
+    "reduce_dtype": "bf16",
+    "forward_prefetch": 2,
+    "backward_prefetch": 1,
+    "hsdp": True,
+    "activation_checkpointing": True,
+    "adamw_impl": "fused",
+}
+"""A value other than the default for each knob, valid on 4 GPU workers in bf16."""
+
+
+def test_the_sample_covers_every_knob() -> None:
+    assert set(SAMPLE) == set(PLAN_KNOBS), "add the new knob to SAMPLE with a non-default value"
+
+
+@pytest.mark.parametrize("knob", sorted(SAMPLE))
+def test_a_tuned_knob_reaches_its_plan_field(knob: str) -> None:
+    """The driver's plan_from_config carries each knob into the field a worker reads."""
+    config = Config(workload=WorkloadConfig(precision="bf16"))
+    value = SAMPLE[knob]
+    plan = plan_from_config(config, None, True, {knob: value}, 4)
+    default = plan_from_config(config, None, True, {}, 4)
+    assert _field(plan, knob) == value != _field(default, knob), knob
+
+
+def _field(plan: TrialPlan, knob: str) -> object:
+    for group in ("ddp", "fsdp"):
+        if knob in _names(type(getattr(plan, group))):
+            return getattr(getattr(plan, group), knob)
+    return getattr(plan, knob)
