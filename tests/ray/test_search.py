@@ -78,7 +78,9 @@ def test_tune_search_workers_see_their_trials_nccl_variables(
 ) -> None:
     """Each trial's workers see exactly the variables sampled for it, and no others: a
     configuration with other variables gets fresh workers."""
-    ctx = _context(["nccl"], "nccl", tmp_path, sets=("search.sampler=random",))
+    # Pruning off: what is under test is the variables, and a noisy window may prune a trial.
+    sets = ("search.sampler=random", "search.prune=false")
+    ctx = _context(["nccl"], "nccl", tmp_path, sets=sets)
     study = optuna.create_study(direction="maximize", sampler=make_sampler("random", 0, 3))
     study.enqueue_trial(ctx.space.optuna_params(ctx.space.baseline()))
     build_tuner(ctx, study, Proposer(ctx.space, "random", 3), 3, tmp_path).fit()
