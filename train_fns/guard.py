@@ -55,6 +55,14 @@ def corrupt_gradients(model: nn.Module) -> None:
                 grad.add_(torch.randn_like(grad) * CORRUPT_SCALE * grad.pow(2).mean().sqrt())
 
 
+def guarded_steps(warmup_steps: int) -> int:
+    """How many warm-up steps the guard records: all but the last when there are two or more
+    (the first measured step must not be the first with dropout on), else the one. From three
+    warm-up steps on, the second guarded step runs after an optimizer update, so a fault on
+    the optimizer's side shows too, not only one in the gradients."""
+    return max(1, warmup_steps - 1)
+
+
 @dataclass
 class Guard:
     """The warm-up steps' losses and gradient norms, kept on the device until the end."""
@@ -74,7 +82,11 @@ class Guard:
         for p in model.parameters():
             if p.grad is not None:
                 total += _local(p.grad).detach().double().pow(2).sum() / _replicas(p.grad)
-        self.squares.append(total)
+        # fp16: the gradients are still multiplied by GradScaler's scale (2^16 at first), so
+        # the norm is judged unscaled; a step whose scaled gradients overflowed stays inf, the
+        # step GradScaler skips, and the driver compares it as such (correctness.check).
+        scale = runner.precision.loss_scale() or 1.0  # a host sync: warm-up is never timed
+        self.squares.append(total / scale**2)
 
     def record_loss(self, loss: Tensor) -> None:
         self.losses.append(loss.detach().double())

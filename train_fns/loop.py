@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from train_fns import metrics as m
 from train_fns.commsplit import nosync_from_accumulation
 from train_fns.data import sample_indices
-from train_fns.guard import Guard
+from train_fns.guard import Guard, guarded_steps
 from train_fns.hf_workload import hf_workload
 from train_fns.metrics import HANG_EXIT_CODE
 from train_fns.plan import TrialPlan
@@ -320,7 +320,7 @@ def run_training(
         # Dropout off in the guarded warm-up steps (see train_fns.guard); the last warm-up step
         # (when there are two or more) runs in train mode, so that the first measured step is
         # never the first one with dropout on.
-        guarded = max(1, plan.warmup_steps - 1)
+        guarded = guarded_steps(plan.warmup_steps)
         runner.model.eval()
         window_start = time.perf_counter()
         for step in range(plan.total_steps):

@@ -43,9 +43,11 @@ from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
 Outcome = dict[str, Any]
-WARM_WARMUP_STEPS = 1
+WARM_WARMUP_STEPS = 3
 """Warm-up steps of a configuration after the group's first: the processes, libraries and
-thread pools are warm already; one step builds the new model's buckets and optimizer state."""
+thread pools are warm already and one step builds the new model's buckets and optimizer state,
+but the guard must see a step after an optimizer update (``train_fns.guard.guarded_steps``):
+two guarded steps, and the last warm-up step with dropout on."""
 
 
 Source = Iterator[tuple[TrialPlan, dict[str, str]]]

@@ -1,0 +1,59 @@
+"""The correctness guard under fp16 loss scaling and in a warm group (issue 24, items 3 and 8):
+norms judged unscaled, a step both sides overflowed is not called corrupt, and a warm plan's
+guard sees a step after an optimizer update."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from orchestrator.search.correctness import check
+from orchestrator.search.group_run import WARM_WARMUP_STEPS
+from train_fns.guard import Guard, guarded_steps
+
+INF = math.inf
+
+
+def _runner(scale: float | None, grad: float) -> SimpleNamespace:
+    model = nn.Linear(1, 1, bias=False)
+    model.weight.grad = torch.full((1, 1), grad)
+    precision = SimpleNamespace(loss_scale=lambda: scale)
+    return SimpleNamespace(model=model, fault=None, device=torch.device("cpu"),
+                           precision=precision)  # fmt: skip
+
+
+def test_the_norm_is_judged_unscaled() -> None:
+    """Scaled by GradScaler's 2^16, the same gradient gives the fp32 run's norm."""
+    scaled, plain = Guard(), Guard()
+    scaled.after_backward(_runner(2.0**16, 3.0 * 2**16))
+    plain.after_backward(_runner(None, 3.0))
+    scaled.record_loss(torch.tensor(1.0))
+    plain.record_loss(torch.tensor(1.0))
+    assert scaled.figures()["grad_norms"] == plain.figures()["grad_norms"] == [3.0]
+
+
+def test_an_overflow_on_both_sides_is_a_skipped_step_not_a_corruption() -> None:
+    """GradScaler's first steps overflow at 2^16 in baseline and candidate alike: inf - inf
+    was NaN and every fp16 trial came out corrupt."""
+    base = {"losses": [2.0, 1.9], "grad_norms": [INF, 1.0]}
+    assert check(base, {"losses": [2.0, 1.9], "grad_norms": [INF, 1.0]}) is None
+    assert check(base, {"losses": [2.0, 1.9], "grad_norms": [math.nan, 1.0]}) is None
+
+
+def test_an_overflow_on_one_side_only_is_still_caught() -> None:
+    base = {"losses": [2.0, 1.9], "grad_norms": [1.0, 1.0]}
+    reason = check(base, {"losses": [2.0, 1.9], "grad_norms": [INF, 1.0]})
+    assert reason is not None and "warm-up step 0 grad norm" in reason
+    assert check({**base, "grad_norms": [INF, 1.0]}, base) is not None
+    assert check(base, {"losses": [2.0, math.nan], "grad_norms": [1.0, 1.0]}) is not None
+
+
+def test_a_warm_plan_guards_a_step_after_an_update() -> None:
+    """Step 0's gradients come before any optimizer step; only a second guarded step can
+    show an optimizer-side fault (it was one: WARM_WARMUP_STEPS = 1)."""
+    assert guarded_steps(WARM_WARMUP_STEPS) >= 2
+    assert WARM_WARMUP_STEPS - guarded_steps(WARM_WARMUP_STEPS) == 1  # the last: dropout on
+    assert guarded_steps(1) == 1 and guarded_steps(0) == 1
