@@ -24,13 +24,13 @@ from orchestrator.inputs import (
     check_finite,
     check_name,
     check_range,
-    check_storage,
     check_tuned,
     check_workload,
     parse_set,
     read_yaml,
 )
 from orchestrator.placement import PACK, PLACEMENTS
+from orchestrator.storage_url import check_storage
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SAMPLERS = ("staged", "tpe", "random", "grid")

@@ -201,37 +201,6 @@ def check_out_dir(out: Path, key: str = "--out") -> None:
                           "another path") from e  # fmt: skip
 
 
-def check_storage(url: str | None, key: str = "search.storage") -> None:
-    """An Optuna storage URL that parses, and whose local file's folder exists (SQLite and
-    journal files are not made in a missing folder: that failed after Ray had started).
-    A database server is not contacted here: it may be reachable only from the cluster."""
-    if url is None:
-        return
-    if url.endswith((".log", ".journal")) and "://" not in url:
-        path = Path(url).expanduser()
-    else:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError) as e:
-            raise ConfigError(
-                key,
-                f"not a storage URL ({e}); use e.g. sqlite:///runs/study.db, "
-                "postgresql://HOST/DB or a .log file",
-            ) from e
-        if parsed.get_backend_name() != "sqlite":
-            return
-        if parsed.database in (None, "", ":memory:"):
-            raise ConfigError(key, f"{url} keeps the study in memory, lost when the search "
-                              "ends (no --resume, no report): name a file, e.g. "
-                              "sqlite:////absolute/path/study.db")  # fmt: skip
-        path = Path(parsed.database).expanduser()
-    if not path.parent.is_dir():
-        raise ConfigError(key, f"{path.parent} is not a folder; create it or use another path")
-
-
 def check_report_path(out: Path, key: str = "--out") -> None:
     """A file commtune will write: not a folder, in a folder it can create or write."""
     if out.is_dir():

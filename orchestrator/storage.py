@@ -22,13 +22,19 @@ from typing import TYPE_CHECKING
 import optuna
 
 from orchestrator.config import Config, ConfigError
+from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
+from orchestrator.storage_url import (
+    JOURNAL_SUFFIXES,
+    KEY,
+    QUERY_SECRETS,
+    check_storage,
+    read_storage,
+    redact,
+)
 
 if TYPE_CHECKING:
-    import sqlalchemy
-from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
+    from sqlalchemy.engine import URL
 
-KEY = "--storage/search.storage"
-JOURNAL_SUFFIXES = (".log", ".journal")
 NETWORK_FS = frozenset(
     {"nfs", "nfs4", "efs", "lustre", "cifs", "smb", "smb3", "smbfs", "glusterfs", "ceph",
      "gpfs", "beegfs", "panfs", "9p", "afs", "davfs", "ocfs2", "gfs2"}
@@ -82,10 +88,11 @@ def open_file(path: Path) -> optuna.storages.BaseStorage:
 def choose(configured: str | None, out: Path, mounts: str | None = None) -> StorageChoice:
     """The storage for ``configured`` (``--storage``), else the default in ``out``; no I/O but
     reading ``/proc/mounts`` (``mounts`` stands in for it in tests)."""
-    if configured and "://" not in configured and configured.endswith(JOURNAL_SUFFIXES):
-        return StorageChoice(str(Path(configured).expanduser()), journal=True)
     if configured:
-        return StorageChoice(normalize(configured), journal=False)
+        target = read_storage(configured)
+        if isinstance(target, Path):
+            return StorageChoice(str(target), journal=True)
+        return StorageChoice(normalize(target), journal=False)
     out = out.resolve()
     fs = network_fs(out, mounts)
     if fs is None or ((out / STUDY_DB).exists() and not (out / STUDY_JOURNAL).exists()):
@@ -130,27 +137,6 @@ def _holds(point: str, path: str) -> bool:
     return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
 
 
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (also when it does not parse)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-        hidden = {k: "***" for k in parsed.query if k.lower() in QUERY_SECRETS}
-        return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        scheme, sep, rest = url.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        if not (sep and at and ":" in userinfo):
-            return url
-        return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
-
-
-QUERY_SECRETS = frozenset({"password", "passwd", "pwd", "sslpassword"})
-"""Query parameters a driver takes a password from (``postgresql://u@h/db?password=...``)."""
-
-
 def without_password(config: Config) -> Config:
     """``config`` as it may be written to a file (best.yaml): its storage URL redacted."""
     url = config.search.storage
@@ -159,23 +145,13 @@ def without_password(config: Config) -> Config:
     return replace(config, search=replace(config.search, storage=redact(url)))
 
 
-def normalize(url: str) -> str:
+def normalize(url: URL) -> str:
     """A SQLAlchemy URL that can be used as is: plain ``postgresql://`` means psycopg 3 (the
     driver the ``postgres`` extra installs) unless psycopg2, SQLAlchemy's default, is there."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as e:
-        raise ConfigError(
-            KEY, f"{redact(url)!r} is not a storage URL ({e}); e.g. "
-            "postgresql://user:password@host:5432/db, sqlite:///path/study.db or a .journal path"
-        ) from e  # fmt: skip
     psycopg3_only = _has("psycopg") and not _has("psycopg2")
-    if parsed.drivername in ("postgresql", "postgres") and psycopg3_only:
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
+    if url.drivername in ("postgresql", "postgres") and psycopg3_only:
+        url = url.set(drivername="postgresql+psycopg")
+    return url.render_as_string(hide_password=False)
 
 
 def _has(module: str) -> bool:
@@ -183,20 +159,20 @@ def _has(module: str) -> bool:
 
 
 def check(choice: StorageChoice) -> None:
-    """Connect once to a database URL, so that a bad one exits 2 before Ray starts; one line
-    naming the key, never the password."""
+    """The config's checks of the storage (``storage_url.check_storage``), then one connection
+    to a database URL, so that a bad one exits 2 before Ray starts; one line naming the key,
+    never the password."""
     if choice.default:
         return  # a file in --out, which the search creates
-    if choice.journal:
-        if not Path(choice.target).parent.is_dir():
-            raise ConfigError(KEY, f"{choice.target}: its folder does not exist; create it first")
-        return
+    url = check_storage(choice.target)
+    if url is None or isinstance(url, Path):
+        return  # a journal file: nothing to connect to
     import sqlalchemy
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
     shown = choice.shown()
     try:
-        engine = sqlalchemy.create_engine(choice.target, connect_args=_timeout(choice.target))
+        engine = sqlalchemy.create_engine(choice.target, connect_args=_timeout(url))
     except (NoSuchModuleError, ArgumentError) as e:
         raise ConfigError(
             KEY, f"{shown}: unknown database dialect or driver ({_line(e, choice.target)}); "
@@ -218,13 +194,12 @@ def check(choice: StorageChoice) -> None:
         engine.dispose()
 
 
-def _open_hint(url: sqlalchemy.engine.URL) -> str:
-    """What to check when a storage cannot be opened, for its kind: a file or a server."""
+def _open_hint(url: URL) -> str:
+    """What to check when a storage cannot be opened, for its kind: a file or a server (an
+    in-memory SQLite study never gets here: ``read_storage`` refuses it)."""
     if url.get_backend_name() != "sqlite":
         return ("check the host, port, user, password, that the server runs and that the "
                 "database exists (createdb NAME)")  # fmt: skip
-    if not url.database or url.database == ":memory:":
-        return "name a file: sqlite:////absolute/path/study.db (an in-memory study is lost)"
     path = Path(url.database)
     return (
         f"SQLite needs a writable folder {path.parent} and a file it may create or open there "
@@ -233,10 +208,10 @@ def _open_hint(url: sqlalchemy.engine.URL) -> str:
     )
 
 
-def _timeout(url: str) -> dict[str, int]:
+def _timeout(url: URL) -> dict[str, int]:
     """A server that does not answer fails in seconds, not at the OS's TCP timeout."""
-    dialect = url.split(":", 1)[0].split("+", 1)[0]
-    return {"connect_timeout": CONNECT_TIMEOUT_S} if dialect in ("postgresql", "mysql") else {}
+    server = url.get_backend_name() in ("postgresql", "mysql")
+    return {"connect_timeout": CONNECT_TIMEOUT_S} if server else {}
 
 
 def _line(error: Exception, url: str) -> str:

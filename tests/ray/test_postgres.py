@@ -45,7 +45,7 @@ def test_a_bad_storage_url_exits_2_before_ray(
     err = capsys.readouterr()
     assert code == 2, err
     lines = err.err.strip().splitlines()
-    assert len(lines) == 1 and "--storage/search.storage" in lines[0], err.err
+    assert len(lines) == 1 and "search.storage: " in lines[0], err.err
     assert PASSWORD not in err.err + err.out and "not-the-Pw-x9" not in err.err + err.out
     assert "commtune:***@127.0.0.1" in lines[0], "the URL is named, its password is not"
     assert not (tmp_path / "out").exists(), "stopped before the search made its folder"

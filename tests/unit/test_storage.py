@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -14,7 +15,6 @@ from orchestrator.storage import (
     check,
     choose,
     network_fs,
-    normalize,
     redact,
     without_password,
 )
@@ -104,7 +104,7 @@ def test_redact_never_shows_the_password(url: str) -> None:
 
 def test_plain_postgresql_means_the_installed_psycopg() -> None:
     pytest.importorskip("psycopg")
-    url = normalize("postgresql://bob:pw@host/db")
+    url = choose("postgresql://bob:pw@host/db", Path("."), MOUNTS).target
     try:
         import psycopg2  # noqa: F401
 
@@ -126,13 +126,32 @@ def test_unknown_dialects_are_config_errors(url: str, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
         check(choose(url, Path("."), MOUNTS))
     text = str(e.value)
-    assert text.startswith("--storage/search.storage: ") and needle in text, text
+    assert text.startswith("search.storage: ") and needle in text, text
     assert "s3cr3t-pw" not in text and "\n" not in text
 
 
-def test_a_journal_in_a_missing_folder_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="its folder does not exist"):
-        check(choose(str(tmp_path / "nope" / "s.journal"), tmp_path, MOUNTS))
+def refusal(call: Callable[[], object]) -> str:
+    with pytest.raises(ConfigError) as e:
+        call()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("name", ["s.journal", "s.log", "sqlite:///{d}/s.db"])
+def test_a_file_in_a_missing_folder_is_refused_in_the_same_words(tmp_path: Path, name: str) -> None:
+    """The config when it loads and the storage before it connects: one rule, one message."""
+    missing = tmp_path / "nope"
+    target = name.format(d=missing) if "{d}" in name else str(missing / name)
+    at_start = refusal(lambda: check(choose(target, tmp_path, MOUNTS)))
+    at_load = refusal(lambda: load_config(None, "smoke", [f'search.storage="{target}"']))
+    assert at_start == at_load == f"search.storage: {missing} is not a folder; create it or " \
+        "use another path"  # fmt: skip
+
+
+@pytest.mark.parametrize("url", ["not a url://bob:s3cr3t-pw@h", "mysql://bob:s3cr3t-pw@[::1"])
+def test_a_url_that_does_not_parse_is_refused_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigError, match="is not a storage URL") as e:
+        load_config(None, "smoke", [f'search.storage="{url}"'])
+    assert "s3cr3t-pw" not in str(e.value) and "bob" in str(e.value)
 
 
 def test_best_yaml_never_holds_the_password() -> None:
