@@ -22,7 +22,6 @@ revision that times steps as ``--before`` does. Windows hold an odd number of st
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from orchestrator.runfiles import TRIALS_CSV, read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "8000939"
@@ -53,7 +54,7 @@ def baseline_samples_per_s(tree: Path, preset: str, out: Path) -> float:
     )  # fmt: skip
     if proc.returncode != 0:
         raise SystemExit(f"{tree}: search failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    (row,) = list(csv.DictReader((out / "trials.csv").open()))
+    (row,) = read_csv(out / TRIALS_CSV)
     return float(row["samples_per_s"])
 
 
@@ -80,7 +81,7 @@ def in_process(preset: str, pairs: int) -> None:
 
     torch.set_num_threads(1)  # a worker of cpus_per_worker=1
     config = load_config(preset=preset)
-    plan = plan_from_config(config, resolve_task(config), False, {}, config.cluster.num_workers)
+    plan = plan_from_config(config, resolve_task(config), False, {}, config.cluster.num_workers, {})
     torch.manual_seed(plan.seed)
     workload, cpu = hf_workload(plan), torch.device("cpu")
     model, source = workload.model, make_batch_source(plan, workload.model.config)

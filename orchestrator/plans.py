@@ -15,7 +15,14 @@ from typing import Any
 
 from orchestrator.config import Config, ConfigError
 from orchestrator.overrides import check_model_overrides
-from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, split_global_batch
+from search_spaces._nccl import unreducible
+from train_fns.plan import (
+    InfeasiblePlan,
+    TrialPlan,
+    model_knobs,
+    options_from_knobs,
+    split_global_batch,
+)
 
 ENTRYPOINT_KEY = "workload.entrypoint"
 
@@ -213,13 +220,20 @@ def _read_once(path: Path) -> str:
 
 
 def plan_from_config(
-    cfg: Config, task: str | None, use_gpu: bool, knobs: dict[str, Any], world: int, **extra: Any
+    cfg: Config,
+    task: str | None,
+    use_gpu: bool,
+    knobs: dict[str, Any],
+    world: int,
+    env: dict[str, str],
+    **extra: Any,
 ) -> TrialPlan:
-    """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers;
-    ``extra`` sets the measurement fields (a trial's windows, a training run's steps)."""
+    """The TrialPlan of a config's workload with ``knobs`` (tuned values) on ``world`` workers
+    under the workers' ``env``; ``extra`` sets the measurement fields (a trial's windows, a
+    training run's steps). InfeasiblePlan where the two cannot run together."""
     accumulation = int(knobs.get("accumulation_steps", 1))
     ddp, fsdp = options_from_knobs(model_knobs(knobs, cfg.workload.unused_parameters))
-    return TrialPlan(
+    plan = TrialPlan(
         model=cfg.workload.entrypoint or cfg.workload.model,
         task=task,
         seq_len=cfg.workload.seq_len,
@@ -243,3 +257,21 @@ def plan_from_config(
         **workload_fields(cfg),
         **extra,
     )
+    check_reductions(plan, env)
+    return plan
+
+
+def check_reductions(plan: TrialPlan, env: dict[str, str]) -> None:
+    """A forced NCCL algorithm must run every all-reduce the plan issues: NVLS has no float32
+    Max or Avg, so ``NCCL_ALGO=allreduce:nvls`` with fp16 FSDP2 or HSDP would fail the trial at
+    its first step with "no algorithm/protocol available" (checked before a worker starts)."""
+    if not plan.use_gpu:
+        return  # gloo: NCCL variables are inert
+    algo = env.get("NCCL_ALGO")
+    missing = unreducible(algo, plan.nccl_reductions())
+    if missing:
+        raise InfeasiblePlan(
+            f"NCCL_ALGO={algo!r} leaves AllReduce only NVLS, which cannot reduce "
+            f"{', '.join(missing)}; leave NCCL_ALGO unset for this strategy, or allow a "
+            f"fallback ({algo};allreduce:nvls,ring)"
+        )

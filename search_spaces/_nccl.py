@@ -105,3 +105,32 @@ def forces_ll128(proto: str) -> list[str]:
     """
     state = parse_list(proto, PROTOS)
     return [f for f in FUNCS if state[f]["LL128"] == 1]
+
+
+NVLS_FAMILY = frozenset({"NVLS", "NVLSTree"})
+NVLS_REDUCTIONS: dict[str, frozenset[str]] = {
+    "sum": frozenset({"int32", "int64", "fp16", "bf16", "fp32", "fp64"}),
+    "max": frozenset({"int32", "int64", "fp16", "bf16"}),
+    "min": frozenset({"int32", "int64", "fp16", "bf16"}),
+}
+"""The (operation, dtype) pairs NVLS and NVLSTree reduce: ``ncclNvlsSupported`` in NCCL's
+``src/include/device.h`` (2.19+): Sum on every type, Min/Max on integers and half types only,
+nothing else (Avg and Prod become other device ops). A reduction outside it finds no
+algorithm when NVLS is all that NCCL_ALGO leaves for AllReduce."""
+
+
+def nvls_only_allreduce(algo: str | None) -> bool:
+    """Whether ``algo`` leaves AllReduce nothing but NVLS/NVLSTree (no fallback)."""
+    if not algo:
+        return False
+    enabled = {a for a, on in parse_list(algo, ALGOS)["AllReduce"].items() if on}
+    return bool(enabled) and enabled <= NVLS_FAMILY
+
+
+def unreducible(algo: str | None, reductions: list[tuple[str, str, str]]) -> list[str]:
+    """Of ``reductions`` (operation, dtype, who issues it) on the training communicator, the
+    ones NCCL cannot run under ``algo``, each as ``who (operation dtype)``."""
+    if not nvls_only_allreduce(algo):
+        return []
+    return [f"{who} ({op} {dtype})" for op, dtype, who in reductions
+            if dtype not in NVLS_REDUCTIONS.get(op, frozenset())]  # fmt: skip

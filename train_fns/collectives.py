@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from train_fns.metrics import OPS
+from train_fns.ranks import reduce_over_ranks
 
 log = logging.getLogger("commtune")
 
@@ -74,7 +75,9 @@ def _collective(op: str, size_bytes: int, device: torch.device) -> Callable[[], 
 
 def _timed(call: Callable[[], None], device: torch.device) -> float:
     """Seconds of one call on this rank, started after a barrier; CUDA work waited for."""
-    dist.barrier()
+    # NCCL's barrier names the GPU: left to guess it takes rank % visible GPUs, wrong on an
+    # uneven layout (8 + 6), and the probe hangs
+    dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -84,11 +87,10 @@ def _timed(call: Callable[[], None], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _slowest(times_s: list[float], device: torch.device) -> list[float]:
-    """Each iteration's time on the slowest rank, the same on every rank."""
-    tensor = torch.tensor(times_s, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
+def _slowest(times_s: list[float]) -> list[float]:
+    """Each iteration's time on the slowest rank, the same on every rank (over the gloo side
+    group: the probe's own float64 Max must not depend on the NCCL_ALGO being measured)."""
+    return reduce_over_ranks(times_s, op="max")
 
 
 def num_timed_iters(estimate_s: float, iters: int, budget_s: float) -> int:
@@ -108,12 +110,12 @@ def measure(
     one-off set-up, so the budget is judged from the last warm-up when there is more than one.
     """
     call = _collective(op, size_bytes, device)
-    estimate_s = _slowest([_timed(call, device)], device)[0]
+    estimate_s = _slowest([_timed(call, device)])[0]
     more = min(warmup - 1, int(budget_s / 4 / max(estimate_s, 1e-9)))
     if more > 0:
-        estimate_s = _slowest([_timed(call, device) for _ in range(more)], device)[-1]
+        estimate_s = _slowest([_timed(call, device) for _ in range(more)])[-1]
     count = num_timed_iters(estimate_s, iters, budget_s)
-    times_s = _slowest([_timed(call, device) for _ in range(count)], device)
+    times_s = _slowest([_timed(call, device) for _ in range(count)])
     return statistics.median(times_s), count
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from train_fns.ranks import reduce_tensor
 
 _WRAPPERS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|module)\.")
 
@@ -46,6 +47,6 @@ def layer_grad_norms(model: nn.Module) -> dict[str, float]:
     if not squares:
         return {}
     total = torch.stack(squares)
-    if sharded and dist.is_initialized():
-        dist.all_reduce(total)
+    if sharded:  # over gloo: commtune's figure, whatever NCCL_ALGO forces
+        total = reduce_tensor(total, "sum")
     return {layer: float(value) for layer, value in zip(groups, total.sqrt().tolist(), strict=True)}

@@ -25,23 +25,16 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from train_fns import metrics as m
 from train_fns.loop import run_training
 from train_fns.plan import TrialPlan
-from train_fns.ranks import reduce_over_ranks
+from train_fns.ranks import reduce_over_ranks, side_group
 
 START, WINDOW, END = "start", "window", "end"
-AGREE_TIMEOUT_S = 900.0
-"""How long a rank that ran out of memory waits for its peers' verdict: longer than a step
-deadline, since a peer stuck in a collective is ended by its watchdog, which gloo reports."""
-
-
 def evaluate_plans(
     next_plan: Callable[[], TrialPlan | None],
     rank: int,
@@ -52,7 +45,7 @@ def evaluate_plans(
 ) -> None:
     """Measure each plan in turn on this rank until ``next_plan`` gives None; ``started``
     (group set-up times, e.g. imports) rides along with the first start message."""
-    side = side_group(world_size)
+    side_group()  # made here, where every rank is, before any plan needs it
     for index, plan in enumerate(iter(next_plan, None)):
         if rank == 0 or index == 0:
             send({"kind": START, "index": index, "rank": rank, "time": time.time(),
@@ -85,7 +78,7 @@ def evaluate_plans(
             }
         )
         if status == m.OOM:
-            agree_all_oom(side, world_size, oom_step)
+            agree_all_oom(world_size, oom_step)
 
 
 def free_memory(device: torch.device) -> None:
@@ -95,20 +88,6 @@ def free_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def side_group(world_size: int) -> dist.ProcessGroup | None:
-    """A gloo group over the same ranks, for agreements outside the training collectives.
-
-    NCCL matches collectives by order on its communicator: a flag all-reduced there by a rank
-    that ran out of memory pairs with whatever a peer is waiting in (a bucket all-reduce, an
-    FSDP all-gather): a hang until the watchdog, or a garbage flag. Gloo's separate
-    communicator cannot be confused with them. Every rank must create it at the same point
-    (``new_group`` is collective), so it is made once per worker group. None on one rank.
-    """
-    if not (dist.is_initialized() and world_size > 1):
-        return None
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=AGREE_TIMEOUT_S))
 
 
 def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) -> str | None:
@@ -125,7 +104,7 @@ def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) 
     return None
 
 
-def agree_all_oom(group: dist.ProcessGroup | None, world_size: int, step: int) -> None:
+def agree_all_oom(world_size: int, step: int) -> None:
     """Go on only if every rank ran out of memory at the same step (``oom_verdict``).
 
     Agreed over the gloo side group. A rank that did not run out of memory is still inside a
@@ -133,10 +112,10 @@ def agree_all_oom(group: dist.ProcessGroup | None, world_size: int, step: int) -
     then reports the lost peer) or the side group's timeout; either ends the group, and the
     driver has the OOM message already.
     """
-    if group is None:
+    if side_group() is None:
         return
-    (num_oom,) = reduce_over_ranks([1.0], op="sum", group=group)
-    last, neg_first = reduce_over_ranks([step, -step], op="max", group=group)
+    (num_oom,) = reduce_over_ranks([1.0], op="sum")
+    last, neg_first = reduce_over_ranks([step, -step], op="max")
     why = oom_verdict(round(num_oom), world_size, round(-neg_first), round(last))
     if why is not None:
         raise RuntimeError(f"{why}; the worker group cannot go on")

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
+
+from train_fns.ranks import reduce_tensor
 
 CORRUPT_SCALE = 0.5
 """The injected perturbation: Gaussian noise of this many times each gradient's RMS."""
@@ -98,9 +99,6 @@ class Guard:
         (a rank whose gradients were corrupted after the all-reduce shows there)."""
         if not self.losses:
             return {"losses": [], "grad_norms": []}
-        losses, squares = torch.stack(self.losses), torch.stack(self.squares)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(losses)
-            losses /= dist.get_world_size()
-            dist.all_reduce(squares, op=dist.ReduceOp.SUM if self.sharded else dist.ReduceOp.MAX)
+        losses = reduce_tensor(torch.stack(self.losses), "mean")  # over gloo: any NCCL_ALGO
+        squares = reduce_tensor(torch.stack(self.squares), "sum" if self.sharded else "max")
         return {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist()}

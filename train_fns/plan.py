@@ -270,6 +270,23 @@ class TrialPlan:
                 "so a smaller reshard group is not searched; use true or false with HSDP"
             )
 
+    def nccl_reductions(self) -> list[tuple[str, str, str]]:
+        """The all-reduces torch issues on the training communicator for this plan, as
+        (operation, dtype, who): what a forced NCCL algorithm must be able to run. commtune's
+        own figures and agreements go over a gloo side group (``ranks.side_group``)."""
+        if self.strategy == "ddp":
+            grads = self.ddp.comm_hook or "fp32"  # the parameters stay fp32 under autocast
+            found = [("sum", grads, "DDP's gradient all-reduce")]
+            if self.ddp.find_unused_parameters:
+                found.append(("sum", "int32", "DDP's map of the parameters a step used"))
+            return found
+        found = []
+        if self.fsdp.hsdp:
+            found.append(("avg", self.fsdp.reduce_dtype, "HSDP's all-reduce across replicas"))
+        if self.precision == "fp16":
+            found.append(("max", "fp32", "GradScaler's overflow check over FSDP2 shards"))
+        return found
+
     def lossy(self) -> list[str]:
         """The lossy knobs this plan runs (``ddp.comm_hook=bf16``): they change the maths, so
         the guard judges them against their own declared tolerance."""

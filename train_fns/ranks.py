@@ -10,11 +10,40 @@ and therefore invisible to CPU tests (tests/dist guard this rule, see tests/dist
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 OPS = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+SIDE_TIMEOUT_S = 900.0
+"""How long a rank waits in the side group (an out-of-memory rank for its peers' verdict):
+longer than a step deadline, since a peer stuck in a collective is ended by its watchdog,
+which gloo reports."""
+_SIDE_GROUP: list[tuple[Any, dist.ProcessGroup]] = []
+"""The (process group, its side group) pair made last: a new process group (an elastic
+restart) gets its own side group."""
+
+
+def side_group() -> dist.ProcessGroup | None:
+    """A gloo group over all ranks, for commtune's own figures and agreements, made once per
+    process group; None on one rank.
+
+    Off the training communicator for two reasons. NCCL matches collectives by order: a flag
+    all-reduced there by a rank that ran out of memory pairs with whatever a peer waits in (a
+    bucket all-reduce, an FSDP all-gather). And a forced NCCL_ALGO limits which reductions run:
+    NVLS has no float64 Max, so the slowest step time, the guard's norms or the probe's timings
+    reduced over NCCL would fail every NVLS trial. Every rank must reach the first call at the
+    same point (``new_group`` is collective): the callers are all collective points already.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    world = dist.group.WORLD
+    if not _SIDE_GROUP or _SIDE_GROUP[0] is not world:
+        timeout = timedelta(seconds=SIDE_TIMEOUT_S)
+        _SIDE_GROUP[:] = [(world, dist.new_group(backend="gloo", timeout=timeout))]
+    return _SIDE_GROUP[0][1]
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
@@ -25,18 +54,24 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def reduce_over_ranks(
-    values: Sequence[float], op: str = "mean", group: dist.ProcessGroup | None = None
-) -> list[float]:
-    """Element-wise ``op`` (mean, sum or max) of ``values`` across the ranks of ``group``, in
-    float64; every rank of the group must call it at the same point. Without a group of more
-    than one rank the values come back as they are."""
-    tensor = torch.tensor(values, dtype=torch.float64, device=collective_device(group))
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, op=OPS[op], group=group)
-        if op == "mean":
-            tensor /= dist.get_world_size(group)
-    return tensor.tolist()
+def reduce_over_ranks(values: Sequence[float], op: str = "mean") -> list[float]:
+    """Element-wise ``op`` (mean, sum or max) of ``values`` across all ranks, in float64, over
+    the side group; every rank must call it at the same point. On one rank the values come
+    back as they are."""
+    return reduce_tensor(torch.tensor(values, dtype=torch.float64), op).tolist()
+
+
+def reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``tensor`` (any device) reduced element-wise across all ranks over the side group,
+    returned on the side group's device (the CPU); every rank must call it alike."""
+    group = side_group()
+    if group is None:
+        return tensor
+    tensor = tensor.to(collective_device(group))  # a copy where it lived on a GPU
+    dist.all_reduce(tensor, op=OPS[op], group=group)
+    if op == "mean":
+        tensor /= dist.get_world_size(group)
+    return tensor
 
 
 def nccl_version() -> str | None:

@@ -76,6 +76,7 @@ def derive_plan(
         ctx.use_gpu,
         knobs,
         cfg.cluster.num_workers,
+        env,
         warmup_steps=cfg.search.warmup_steps,
         measure_steps=cfg.search.measure_steps,
         num_windows=cfg.search.windows,

@@ -45,7 +45,7 @@ def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSp
     train = config.train
     _, high = worker_counts(config)
     plan = plan_from_config(
-        config, task, use_gpu, dict(config.tuned), config.cluster.num_workers,
+        config, task, use_gpu, dict(config.tuned), config.cluster.num_workers, dict(config.env),
         warmup_steps=0, measure_steps=train.steps, num_windows=1,
         max_grad_norm=train.max_grad_norm, env_names=tuple(sorted(config.env)),
     )  # fmt: skip

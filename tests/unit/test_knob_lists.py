@@ -117,8 +117,8 @@ def test_a_tuned_knob_reaches_its_plan_field(knob: str) -> None:
     """The driver's plan_from_config carries each knob into the field a worker reads."""
     config = Config(workload=WorkloadConfig(precision="bf16"))
     value = SAMPLE[knob]
-    plan = plan_from_config(config, None, True, {knob: value}, 4)
-    default = plan_from_config(config, None, True, {}, 4)
+    plan = plan_from_config(config, None, True, {knob: value}, 4, {})
+    default = plan_from_config(config, None, True, {}, 4, {})
     assert _field(plan, knob) == value != _field(default, knob), knob
 
 

@@ -90,7 +90,7 @@ def test_a_condition_can_test_divisibility() -> None:
 
 def _plan(knobs: dict[str, Any]) -> Any:
     config = load_config(preset="smoke", sets=["cluster.num_workers=4"])
-    return plan_from_config(config, "mlm", False, knobs, 4)
+    return plan_from_config(config, "mlm", False, knobs, 4, {})
 
 
 @pytest.mark.parametrize(

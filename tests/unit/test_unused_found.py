@@ -27,14 +27,14 @@ def test_a_model_that_leaves_experts_unused_is_found_and_said() -> None:
     (note,) = notes
     assert "got no gradient in some micro-batches (experts." in note
     assert "find_unused_parameters=True in every plan, the baseline too" in note
-    plan = plan_from_config(config, None, False, {}, 2)  # the baseline's knobs: none
+    plan = plan_from_config(config, None, False, {}, 2, {})  # the baseline's knobs: none
     assert plan.ddp.find_unused_parameters and not plan.ddp.static_graph
 
 
 def test_a_model_that_uses_every_parameter_keeps_ddps_default() -> None:
     config, notes = check_model(_config("mlp_workload.py", "workload.options={width: 8}"))
     assert config.workload.unused_parameters is False and notes == []
-    assert not plan_from_config(config, None, False, {}, 2).ddp.find_unused_parameters
+    assert not plan_from_config(config, None, False, {}, 2, {}).ddp.find_unused_parameters
 
 
 def test_a_declaration_wins_and_fsdp_is_refused_for_such_a_model() -> None:

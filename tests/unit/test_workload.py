@@ -102,7 +102,7 @@ def test_a_plan_ships_the_file_text_and_an_absolute_path(tmp_path: Path, monkeyp
     fields = workload_fields(config)
     assert fields["entrypoint"] == f"{tmp_path / 'wl.py'}:make_workload"
     assert fields["workload_source"] == textwrap.dedent(GOOD)
-    plan = plan_from_config(config, None, False, {}, 2)
+    plan = plan_from_config(config, None, False, {}, 2, {})
     assert plan.options == {"width": 3} and plan.task is None
     # A worker that has never seen the file runs the text the driver read.
     make = load_entrypoint("elsewhere/wl.py:make_workload", plan.workload_source)

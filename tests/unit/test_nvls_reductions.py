@@ -1,0 +1,59 @@
+"""A forced NVLS all-reduce must run every reduction the trial issues (issue 24 item 1): NCCL's
+NVLS reduces Sum on every type and Max/Min on integers and half types only, so fp16 FSDP2
+(GradScaler's float32 Max) and HSDP (Avg across replicas) are refused before a worker starts,
+naming what cannot run; a fallback algorithm, DDP, or CPU workers are not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.plans import plan_from_config
+from search_spaces._nccl import nvls_only_allreduce, unreducible
+from train_fns.plan import InfeasiblePlan
+
+NVLS = {"NCCL_ALGO": "allreduce:nvls"}
+
+
+def _plan(knobs: dict[str, Any], env: dict[str, str], precision: str = "fp32",
+          use_gpu: bool = True) -> Any:  # fmt: skip
+    sets = ["cluster.num_workers=4", f"workload.precision={precision}"]
+    config = load_config(preset="smoke", sets=sets)
+    return plan_from_config(config, "mlm", use_gpu, knobs, 4, env)
+
+
+def test_which_values_leave_allreduce_only_nvls() -> None:
+    assert nvls_only_allreduce("allreduce:nvls") and nvls_only_allreduce("allreduce:NVLSTree")
+    assert nvls_only_allreduce("allreduce:nvls,nvlstree")
+    assert not nvls_only_allreduce("allreduce:nvls,ring") and not nvls_only_allreduce(None)
+    assert not nvls_only_allreduce("allreduce:^nvls") and not nvls_only_allreduce("allgather:nvls")
+
+
+def test_nvls_runs_sum_everywhere_and_max_on_half_types_only() -> None:
+    asked = [("sum", "fp64", "a"), ("max", "fp32", "b"), ("max", "bf16", "c"), ("avg", "fp32", "d")]
+    assert unreducible("allreduce:nvls", asked) == ["b (max fp32)", "d (avg fp32)"]
+    assert unreducible("allreduce:tree", asked) == []
+
+
+@pytest.mark.parametrize(
+    ("knobs", "precision", "named"),
+    [
+        ({"strategy": "fsdp"}, "fp16", "GradScaler's overflow check"),
+        ({"strategy": "fsdp", "hsdp": True}, "fp32", "HSDP's all-reduce across replicas"),
+    ],
+)
+def test_an_nvls_trial_that_cannot_reduce_is_refused_naming_it(
+    knobs: dict[str, Any], precision: str, named: str
+) -> None:
+    with pytest.raises(InfeasiblePlan, match=named):
+        _plan(knobs, NVLS, precision)
+
+
+def test_what_nvls_can_run_is_left_alone() -> None:
+    _plan({"strategy": "ddp"}, NVLS, "fp16")  # DDP: a float32 Sum
+    _plan({"strategy": "ddp", "comm_hook": "bf16"}, NVLS, "bf16")  # a bf16 Sum
+    _plan({"strategy": "fsdp"}, NVLS, "bf16")  # no Max, no Avg
+    _plan({"strategy": "fsdp"}, {"NCCL_ALGO": "allreduce:nvls,ring"}, "fp16")  # a fallback
+    _plan({"strategy": "fsdp", "hsdp": True}, NVLS, use_gpu=False)  # gloo: NCCL is inert
