@@ -17,15 +17,14 @@ its saving if it ranks as fresh workers do.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
-import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.runfiles import TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,10 +43,10 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
         raise SystemExit(
             f"{preset} warm={warm} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
-    rows = list(csv.DictReader((out / "trials.csv").open()))
+    rows = read_csv(out / TRIALS_CSV)
     totals = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
     totals["trials"] = len(rows)
-    totals["search_wall_s"] = json.loads((out / "run_info.json").read_text())["search_wall_s"]
+    totals["search_wall_s"] = read_run_info(out).search_wall_s or 0.0
     totals["command_s"] = time.monotonic() - started
     return totals
 
@@ -55,7 +54,7 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
 def samples_per_s_by_config(out: Path) -> dict[tuple, float]:
     """Completed trials' samples/s, keyed by their params (the columns between ``state`` and
     ``samples_per_s`` in trials.csv)."""
-    rows = list(csv.DictReader((out / "trials.csv").open()))
+    rows = read_csv(out / TRIALS_CSV)
     if not rows:
         return {}
     header = list(rows[0])

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.runfiles import TRIALS_CSV
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = [
     "search.sampler=grid", "search.trials=10000", "search.prune=false", "search.remeasure_top=0",
@@ -34,7 +36,7 @@ def record(preset: str, out: Path, extra: list[str]) -> Path:
     sets = [item for kv in [*FIXED, *extra] for item in ("--set", kv)]
     cmd = [sys.executable, "-m", "orchestrator.search", "--preset", preset, "--out", str(out)]
     subprocess.run([*cmd, *sets], cwd=ROOT, check=True)
-    return out / "trials.csv"
+    return out / TRIALS_CSV
 
 
 def convert(trials_csv: Path, dest: Path) -> int:

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.runfiles import REMEASURE_CSV
+
 ROOT = Path(__file__).resolve().parents[1]
 REMEASURE_MARK = "re-measure 1/"
 """The search's first re-measurement line: the moment the hog starts."""
@@ -66,7 +68,7 @@ def run_once(out: Path, hog_s: float | None, extra: list[str]) -> dict[str, str]
         raise SystemExit(f"search exited {code}:\n" + "\n".join(lines[-30:]))
     verdict = next((x.strip() for x in reversed(lines) if _VERDICT in x), "(no verdict)")
     wall_s = f"{time.monotonic() - started:.0f}"
-    path = out / "remeasure.csv"
+    path = out / REMEASURE_CSV
     return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(path),
             "sequence": _sequence(path)}  # fmt: skip
 
@@ -78,7 +80,7 @@ _VERDICT = "re-measured, interleaved with the baseline:"
 def _disturbed(path: Path) -> str:
     """Which re-measured runs were flagged disturbed (and repeated)."""
     if not path.exists():
-        return "no remeasure.csv"
+        return f"no {REMEASURE_CSV}"
     rows = list(csv.DictReader(path.open()))
     bad = [f"trial {r['trial']} run {r['position']}.{r['repeat']}" for r in rows if r["disturbed"]]
     return f"{len(bad)}/{len(rows)} disturbed" + (f" ({', '.join(bad)})" if bad else "")

@@ -17,15 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from train_fns.metrics import FLOPS_PER_PARAM_TOKEN, OPS
-from train_fns.plan import STRATEGIES
+from train_fns.plan import STRATEGIES, DDPOptions
 
 ALGORITHMS = ("ring", "tree")
 GRAD_BYTES_PER_PARAM = 4
 """Gradients are fp32 (autocast keeps fp32 parameters): what DDP all-reduces per parameter."""
 
 
-DEFAULT_BUCKET_BYTES = 25 * 2**20
-"""torch DDP's ``bucket_cap_mb=25``; torch multiplies by 1024 * 1024, so these are MiB."""
+DEFAULT_BUCKET_BYTES = int(DDPOptions.bucket_cap_mb * 2**20)
+"""The plan's (torch DDP's) ``bucket_cap_mb=25``; torch multiplies by 1024 * 1024, so MiB."""
+LOW_PRECISIONS = ("bf16", "fp16")
+"""Precisions under which FSDP2 gathers parameters in 2 bytes (its ``param_dtype``)."""
 
 BACKWARD_SHARE = 2 / 3
 """Backward's share of a micro-step's compute (about twice the forward's FLOPs): the window
@@ -292,6 +294,29 @@ def comm_per_step(
     return StepTraffic(strategy=strategy, world_size=n, link=link, collectives=parts)
 
 
+def knob_traffic(
+    knobs: Mapping[str, Any],
+    model: ModelSize,
+    world_size: int,
+    link: Link,
+    *,
+    precision: str = "fp32",
+    dtype_bytes: int = GRAD_BYTES_PER_PARAM,
+    algorithm: str = "ring",
+) -> StepTraffic:
+    """One optimizer step's traffic under ``knobs`` (a candidate, a trial's plan): the one
+    place a configuration becomes :func:`comm_per_step`'s arguments, so a ranking, a dry run
+    and a trial's bound price the same bytes. A missing knob (or a ``None`` bucket size) is the
+    plan's default; ``precision`` sets FSDP's all-gather dtype."""
+    bucket_mb = knobs.get("bucket_cap_mb") or DEFAULT_BUCKET_BYTES / 2**20
+    return comm_per_step(
+        knobs.get("strategy", "ddp"), model.num_params, dtype_bytes, world_size,
+        int(knobs.get("accumulation_steps", 1)), bool(knobs.get("reshard_after_forward", True)),
+        link, algorithm, int(float(bucket_mb) * 2**20), num_fsdp_units=model.num_fsdp_units,
+        gather_bytes=2 if precision in LOW_PRECISIONS else None,
+    )  # fmt: skip
+
+
 def exposed_comm_s(compute_s: float, comm_s: float, overlap: float) -> float:
     """Communication left on the critical path: ``max(0, comm - overlap * compute)``."""
     if not 0.0 <= overlap <= 1.0:
@@ -318,7 +343,8 @@ def predict_throughput(
     compute_s_per_sample: float,
     *,
     global_batch: int,
-    dtype_bytes: int = 4,
+    precision: str = "fp32",
+    dtype_bytes: int = GRAD_BYTES_PER_PARAM,
     algorithm: str = "ring",
 ) -> float:
     """Predicted global samples/s of one candidate; see ``rank_candidates`` for the model."""
@@ -329,19 +355,8 @@ def predict_throughput(
         )
     strategy = candidate.get("strategy", "ddp")
     accumulation = int(candidate.get("accumulation_steps", 1))
-    bucket_mb = candidate.get("bucket_cap_mb") or DEFAULT_BUCKET_BYTES / 2**20  # None: torch's
-    traffic = comm_per_step(
-        strategy,
-        model.num_params,
-        dtype_bytes,
-        world_size,
-        accumulation,
-        bool(candidate.get("reshard_after_forward", True)),
-        link,
-        algorithm,
-        int(bucket_mb * 2**20),
-        num_fsdp_units=model.num_fsdp_units,
-    )
+    traffic = knob_traffic(candidate, model, world_size, link, precision=precision,
+                           dtype_bytes=dtype_bytes, algorithm=algorithm)  # fmt: skip
     compute_s = compute_s_per_sample * global_batch / world_size  # the same for any split
     if strategy == "ddp":
         window_s = BACKWARD_SHARE * compute_s / accumulation  # the last micro-step's backward
@@ -363,7 +378,8 @@ def rank_candidates(
     compute_s_per_sample: float,
     *,
     global_batch: int,
-    dtype_bytes: int = 4,
+    precision: str = "fp32",
+    dtype_bytes: int = GRAD_BYTES_PER_PARAM,
     algorithm: str = "ring",
 ) -> list[tuple[float, dict[str, Any]]]:
     """Rank candidate configs by predicted samples/s, best first, without a cluster.
@@ -380,7 +396,8 @@ def rank_candidates(
     all-gather per micro-step and its last reduce-scatter are exposed.
     """
     setting = (model, world_size, link, compute_s_per_sample)
-    options = {"global_batch": global_batch, "dtype_bytes": dtype_bytes, "algorithm": algorithm}
+    options = {"global_batch": global_batch, "precision": precision, "dtype_bytes": dtype_bytes,
+               "algorithm": algorithm}  # fmt: skip
     ranked = [(predict_throughput(c, *setting, **options), c) for c in candidates]
     ranked.sort(key=lambda pair: -pair[0])  # sort is stable: ties keep input order
     return ranked
@@ -413,10 +430,9 @@ def comm_bound(plan: Any, num_params: int, link: Link | None) -> dict[str, Any]:
     bound for the measured exposed communication) and the bytes; empty without a link."""
     if link is None or not num_params or plan.world_size < 2:
         return {}
-    traffic = comm_per_step(
-        plan.strategy, num_params, GRAD_BYTES_PER_PARAM, plan.world_size,
-        plan.accumulation_steps, plan.fsdp.reshard_after_forward, link,
-        bucket_bytes=int(plan.ddp.bucket_cap_mb * 2**20),
-        gather_bytes=2 if plan.precision in ("bf16", "fp16") else None,  # FSDP2 param_dtype
-    )  # fmt: skip
+    knobs = {"strategy": plan.strategy, "accumulation_steps": plan.accumulation_steps,
+             "bucket_cap_mb": plan.ddp.bucket_cap_mb,
+             "reshard_after_forward": plan.fsdp.reshard_after_forward}  # fmt: skip
+    traffic = knob_traffic(knobs, ModelSize(num_params), plan.world_size, link,
+                           precision=plan.precision)  # fmt: skip
     return {"comm_bound_s": traffic.comm_s, "comm_traffic": traffic.summary()}

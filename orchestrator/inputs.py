@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.runfiles import REPORT_HTML
 from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
 from search_spaces._yaml import load_yaml, read_capped
 
@@ -204,7 +205,7 @@ def check_out_dir(out: Path, key: str = "--out") -> None:
 def check_report_path(out: Path, key: str = "--out") -> None:
     """A file commtune will write: not a folder, in a folder it can create or write."""
     if out.is_dir():
-        raise ConfigError(key, f"{out} is a folder; name a file such as {out / 'report.html'}")
+        raise ConfigError(key, f"{out} is a folder; name a file such as {out / REPORT_HTML}")
     check_out_dir(out.parent, key)
 
 

@@ -152,16 +152,16 @@ def worker_topology(use_gpu: bool, timeout_s: float = 120.0) -> dict[str, Any]:
     task = ray.remote(num_cpus=0, num_gpus=1 if use_gpu else 0)(_node_topology)
     ref = task.remote()
     try:
-        info = ray.get(ref, timeout=timeout_s)
+        topo = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref)  # still queued: it must not take a GPU from the first trial later
-        info = {**topology(), "source": f"the driver: no worker answered in {timeout_s:g}s"}
+        topo = {**topology(), "source": f"the driver: no worker answered in {timeout_s:g}s"}
     alive = [node for node in ray.nodes() if node.get("Alive")]
     nodes = [node for node in alive if node["Resources"].get("GPU") or not use_gpu]
-    info["num_nodes"] = len(nodes)
+    topo["num_nodes"] = len(nodes)
     if use_gpu:
-        info["gpus_per_node"] = int(max((n["Resources"]["GPU"] for n in nodes), default=0))
-    return info
+        topo["gpus_per_node"] = int(max((n["Resources"]["GPU"] for n in nodes), default=0))
+    return topo
 
 
 def _node_topology() -> dict[str, Any]:

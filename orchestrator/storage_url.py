@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.inputs import ConfigError
+from orchestrator.runfiles import STUDY_DB
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -36,12 +37,12 @@ def read_storage(text: str) -> Path | URL:
     except (ArgumentError, ValueError) as e:
         raise ConfigError(
             KEY, f"{redact(text)!r} is not a storage URL ({e}); e.g. "
-            "postgresql://user:password@host:5432/db, sqlite:///path/study.db or a .journal path"
+            f"postgresql://user:password@host:5432/db, sqlite:///path/{STUDY_DB} or a .journal path"
         ) from e  # fmt: skip
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         raise ConfigError(KEY, f"{text} keeps the study in memory, lost when the search ends "
                           "(no --resume, no report): name a file, e.g. "
-                          "sqlite:////absolute/path/study.db")  # fmt: skip
+                          f"sqlite:////absolute/path/{STUDY_DB}")  # fmt: skip
     return url
 
 

@@ -23,6 +23,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from orchestrator.runfiles import BEST_YAML
+
 SIGNIFICANCE = 2.0
 """A gain is claimed only when the ratio is this many spreads away from 1 (the interval's half
 width)."""
@@ -155,11 +157,11 @@ class Verdict:
         if self.too_noisy:
             return (
                 f"too noisy to decide: trial {top.number} is {top.evidence()}, an interval that "
-                f"reaches below 1 ({noise}); best.yaml keeps the baseline; {HELPS}"
+                f"reaches below 1 ({noise}); {BEST_YAML} keeps the baseline; {HELPS}"
             )
         return (
             f"no significant gain: the best finalist, trial {top.number}, is {top.evidence()} "
-            f"({noise}); best.yaml keeps the baseline"
+            f"({noise}); {BEST_YAML} keeps the baseline"
         )
 
 

@@ -28,7 +28,7 @@ from orchestrator.probe.sweep import (
     write_csv,
 )
 from orchestrator.probe.tuner_conf import choose, measure, write
-from orchestrator.runfiles import TUNER_CONF
+from orchestrator.runfiles import BEST_YAML, PROBE_CSV, PROBE_DIR, TUNER_CONF
 from orchestrator.session import check_ray_address, resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on GPUs, else gloo")
-    p.add_argument("--config", help="commtune YAML (e.g. a best.yaml): its cluster and env")
+    p.add_argument("--config", help=f"commtune YAML (e.g. a {BEST_YAML}): its cluster and env")
     p.add_argument(
         "--env",
         action="append",
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tuner-conf",
         action="store_true",
-        help="NCCL workers: also sweep each algorithm/protocol and write nccl_tuner.conf "
+        help=f"NCCL workers: also sweep each algorithm/protocol and write {TUNER_CONF} "
         "(the fastest per message size, for NCCL's example tuner plugin)",
     )
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_probe(
             config,
             settings,
-            storage_path=str((out / "trainer").resolve()),
+            storage_path=str((out / PROBE_DIR).resolve()),
             verbose=args.verbose,
             on_row=Table(),
             say=lambda line: print(line, flush=True),
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("commtune: probe interrupted; nothing written", file=sys.stderr)
         return 1
-    print(f"\nwrote {write_csv(rows, out / 'probe.csv')}")
+    print(f"\nwrote {write_csv(rows, out / PROBE_CSV)}")
     if args.tuner_conf:
         return tuner_conf(config, settings, out)
     return 0
@@ -149,7 +149,7 @@ def tuner_conf(config: Config, settings: ProbeSettings, out: Path) -> int:
             print("commtune: error: --tuner-conf: the workers are not on GPUs (NCCL); the tuner "
                   "file is NCCL's", file=sys.stderr)  # fmt: skip
             return 2
-        storage = str((out / "trainer").resolve())
+        storage = str((out / PROBE_DIR).resolve())
         sweeps = measure(config, settings, storage, say=lambda line: print(line, flush=True))
     except ProbeError as e:
         print(f"commtune: probe failed: {e}", file=sys.stderr)

@@ -10,8 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator import doctor
-from orchestrator.doctor import RunRecord, num
+from orchestrator import findings
 from orchestrator.report.html import (
     PART_COLORS,
     esc,
@@ -21,10 +20,18 @@ from orchestrator.report.html import (
     missing,
     png,
 )
-from orchestrator.runfiles import read_csv
+from orchestrator.runfiles import (
+    GRAD_NORMS_CSV,
+    PROBE_CSV,
+    TRAIN_DIR,
+    TRIALS_CSV,
+    RunRecord,
+    num,
+    read_csv,
+)
 
 
-def _parts(step: doctor.StepParts) -> dict[str, float]:
+def _parts(step: findings.StepParts) -> dict[str, float]:
     """Stacked parts in ms; compute falls back to fwd_bwd (sync included) when the split into
     compute and exposed communication was not measured."""
     compute = step.compute_s if step.compute_s is not None else step.fwd_bwd_s
@@ -48,17 +55,17 @@ def section_step_time(record: RunRecord) -> str:
     base, best = record.baseline(), record.best()
     if base is not None:
         steps.append(
-            doctor.trial_step(base, "baseline (trial 0)" + (" = best" if best is base else ""))
+            findings.trial_step(base, "baseline (trial 0)" + (" = best" if best is base else ""))
         )
     if best is not None and best is not base:
-        steps.append(doctor.trial_step(best, f"best (trial {best['number']})"))
-    trained = doctor.training_step(record)
+        steps.append(findings.trial_step(best, f"best (trial {best['number']})"))
+    trained = findings.training_step(record)
     if trained is not None and trained.step_time_s is not None:
         steps.append(trained)
     steps = [(s.label, _parts(s)) for s in steps]
     steps = [(label, parts) for label, parts in steps if parts]
     if not steps:
-        return missing("No completed trial with step-time parts (trials.csv missing or empty).")
+        return missing(f"No completed trial with step-time parts ({TRIALS_CSV} missing or empty).")
     fig, ax = figure(8.0, 0.9 + 0.55 * len(steps))
     split = any("exposed comm" in parts for _, parts in steps)
     labels, left = [lbl for lbl, _ in steps], [0.0] * len(steps)
@@ -90,7 +97,7 @@ def section_step_time(record: RunRecord) -> str:
 def section_bandwidth(record: RunRecord) -> str:
     """What the interconnect gave per message size (nccl-tests' busbw), against the link."""
     if not record.probe:
-        return missing("probe.csv is missing: run python -m orchestrator.probe to measure it.")
+        return missing(f"{PROBE_CSV} is missing: run python -m orchestrator.probe to measure it.")
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in record.probe:
         size, bw = num(r.get("size_bytes")), num(r.get("busbw_gbps"))
@@ -99,7 +106,7 @@ def section_bandwidth(record: RunRecord) -> str:
     fig, ax = figure()
     for op, points in sorted(series.items()):
         ax.plot(*zip(*sorted(points), strict=True), "o-", ms=3, label=op)
-    link = doctor.link_bound(record)
+    link = findings.link_bound(record)
     if link is not None:
         ax.axhline(
             link.bandwidth_bytes_per_s / 1e9,
@@ -109,13 +116,13 @@ def section_bandwidth(record: RunRecord) -> str:
         )
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)")
     ax.legend(fontsize="small")
-    large = doctor.probe_busbw_gbps(record)
+    large = findings.probe_busbw_gbps(record)
     world = {r.get("world_size") for r in record.probe}
     text = (
         f"All-reduce bus bandwidth at large messages: {large[0]:.3g} GB/s "
         f"(backend {record.backend or '?'}, world size {', '.join(sorted(map(str, world)))})."
         if large
-        else "No all-reduce rows in probe.csv."
+        else f"No all-reduce rows in {PROBE_CSV}."
     )
     if link is None:
         text += " No nominal link bound on this backend (gloo/CPU), so none is drawn."
@@ -125,16 +132,18 @@ def section_bandwidth(record: RunRecord) -> str:
 def section_gradients(record: RunRecord) -> str:
     """Per-layer gradient norms over the training run: vanishing or exploding layers show as
     lines drifting apart, and the last histogram shows the spread across layers."""
-    path = record.files.get("grad_norms.csv")
+    path = record.files.get(GRAD_NORMS_CSV)
     if path is None:
-        return missing("No training run folder with grad_norms.csv (--train DIR2 or DIR/train).")
+        return missing(
+            f"No training run folder with {GRAD_NORMS_CSV} (--train DIR2 or DIR/{TRAIN_DIR})."
+        )
     per_layer: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in read_csv(path):
         step, norm = num(r.get("step")), num(r.get("norm"))
         if step is not None and norm is not None:
             per_layer[r.get("layer", "?")].append((step, norm))
     if not per_layer:
-        return missing("grad_norms.csv holds no (step, layer, norm) rows.")
+        return missing(f"{GRAD_NORMS_CSV} holds no (step, layer, norm) rows.")
     last = max(s for points in per_layer.values() for s, _ in points)
     final = [n for points in per_layer.values() for s, n in points if s == last]
     fig = Figure(figsize=(10.0, 3.6), dpi=100, layout="constrained")
@@ -175,11 +184,11 @@ def _summary_line(record: RunRecord) -> str:
 
 def section_findings(record: RunRecord) -> str:
     """The doctor's findings, the same text as ``python -m orchestrator.doctor`` prints."""
-    findings = doctor.diagnose(record)
+    found = findings.diagnose(record)
     items = "".join(
         f'<li><b class="{f.severity}">[{f.severity}] {esc(f.title)}</b><br>'
         f"evidence: {esc(f.evidence)}<br>fix: {esc(f.fix)}</li>"
-        for f in findings
+        for f in found
     )
-    body = f"<ol>{items}</ol>" if findings else f"<p>{esc(doctor.finding_lines([])[0])}</p>"
-    return f"<pre>{esc(chr(10).join(doctor.context_lines(record)))}</pre>{body}"
+    body = f"<ol>{items}</ol>" if found else f"<p>{esc(findings.finding_lines([])[0])}</p>"
+    return f"<pre>{esc(chr(10).join(findings.context_lines(record)))}</pre>{body}"

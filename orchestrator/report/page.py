@@ -17,7 +17,6 @@ import datetime
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.doctor import RunRecord, collect
 from orchestrator.report.diagnosis import (
     section_bandwidth,
     section_findings,
@@ -36,6 +35,7 @@ from orchestrator.report.trials import (
     section_memory,
     section_throughput,
 )
+from orchestrator.runfiles import REPORT_HTML, TRIALS_CSV, RunRecord, collect
 
 SECTIONS = (
     ("throughput", "Throughput of every trial"),
@@ -94,8 +94,8 @@ def _header(record: RunRecord, folder: Path) -> str:
     ]
     if workload.get("global_batch"):
         bits.append(f"global batch {workload['global_batch']}, seq_len {workload.get('seq_len')}")
-    if "trials.csv" in record.files:
-        written = datetime.datetime.fromtimestamp(record.files["trials.csv"].stat().st_mtime)
+    if TRIALS_CSV in record.files:
+        written = datetime.datetime.fromtimestamp(record.files[TRIALS_CSV].stat().st_mtime)
         bits.append(f"trials written {written:%Y-%m-%d %H:%M}")
     return "; ".join(bits)
 
@@ -106,8 +106,8 @@ def write_report(out: Path) -> str:
     Best effort: the search's outputs stand without the report, so a failure is said (with
     the traceback in the log), never raised."""
     try:
-        (out / "report.html").write_text(render(collect([out]), out))
+        (out / REPORT_HTML).write_text(render(collect([out]), out))
     except Exception as e:
-        log.warning("report.html could not be written", exc_info=True)
+        log.warning("%s could not be written", REPORT_HTML, exc_info=True)
         return f"report: not written ({type(e).__name__}: {e}); run python -m orchestrator.report"
-    return f"report: {out / 'report.html'} (python -m orchestrator.doctor {out} for findings)"
+    return f"report: {out / REPORT_HTML} (python -m orchestrator.doctor {out} for findings)"

@@ -8,7 +8,6 @@ import warnings
 
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.doctor import RunRecord, num
 from orchestrator.report.html import (
     FAILED_STATES,
     bar_chart,
@@ -20,13 +19,22 @@ from orchestrator.report.html import (
     png,
     sd,
 )
+from orchestrator.runfiles import (
+    BEST_YAML,
+    REMEASURE_CSV,
+    STUDY_DB,
+    STUDY_JOURNAL,
+    TRIALS_CSV,
+    RunRecord,
+    num,
+)
 from orchestrator.verdict import judge, runs_from_rows
 
 
 def section_throughput(record: RunRecord) -> str:
     """Every trial in order with the best-so-far line: where the search found its gains."""
     if not record.trials:
-        return missing("trials.csv is missing: no trials to show.")
+        return missing(f"{TRIALS_CSV} is missing: no trials to show.")
     rows = sorted(record.trials, key=lambda r: num(r.get("number")) or 0)
     fig, ax = figure()
     best_so_far, best = [], math.nan  # NaN draws nothing until the first complete trial
@@ -76,7 +84,7 @@ def section_best_vs_baseline(record: RunRecord) -> str:
     if record.remeasure:
         return _from_remeasure(record)
     if not record.trials:
-        return missing("trials.csv (and remeasure.csv) is missing: no comparison.")
+        return missing(f"{TRIALS_CSV} (and {REMEASURE_CSV}) is missing: no comparison.")
     base, best = record.baseline(), record.best()
     if base is None or best is None:
         return missing("The baseline (trial 0) did not complete: no comparison.")
@@ -107,7 +115,7 @@ def _from_remeasure(record: RunRecord) -> str:
     verdict = judge(runs, windows)
     baselines = [r.samples_per_s for r in runs if r.is_baseline and r.samples_per_s]
     if not baselines:
-        return missing("remeasure.csv holds no completed baseline run: no comparison.")
+        return missing(f"{REMEASURE_CSV} holds no completed baseline run: no comparison.")
     comps = verdict.comparisons
     shown = [("baseline", statistics.fmean(baselines), sd(baselines))]
     cvs = {r.number: r.cv for r in runs if not r.is_baseline}
@@ -126,9 +134,9 @@ def _from_remeasure(record: RunRecord) -> str:
 
 def section_importance(record: RunRecord) -> str:
     """Which knobs mattered, per Optuna's importance evaluator over the stored study."""
-    path = record.files.get("study.db") or record.files.get("study.journal")
+    path = record.files.get(STUDY_DB) or record.files.get(STUDY_JOURNAL)
     if path is None:
-        return missing("study.db is missing: importance needs the Optuna study.")
+        return missing(f"{STUDY_DB} is missing: importance needs the Optuna study.")
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -139,7 +147,7 @@ def section_importance(record: RunRecord) -> str:
     name = record.name if record.name in names else (names[0] if len(names) == 1 else None)
     if name is None:
         held = f"{path.name} holds studies {names}"
-        return missing(f"{held}, none named {record.name!r} (best.yaml).")
+        return missing(f"{held}, none named {record.name!r} ({BEST_YAML}).")
     study = optuna.load_study(study_name=name, storage=storage)
     why = _importance_blocker(study)
     if why:
@@ -173,7 +181,7 @@ def _importance_blocker(study: object) -> str | None:
 def section_memory(record: RunRecord) -> str:
     """Peak memory per trial: how close each configuration came to the capacity (OOMs marked)."""
     if not record.trials:
-        return missing("trials.csv is missing: no peak memory to show.")
+        return missing(f"{TRIALS_CSV} is missing: no peak memory to show.")
     rows = [(r, num(r.get("peak_mem_mib"))) for r in record.trials]
     shown = [(r, mib) for r, mib in rows if mib is not None]
     if not shown:
@@ -182,7 +190,7 @@ def section_memory(record: RunRecord) -> str:
     colors = {"complete": "#1f77b4", "pruned": "#888888", "failed": "#d62728"}
     ax.bar([f"{r['number']}" for r, _ in shown], [mib / 1024 for _, mib in shown],
            color=[colors[_kind(r.get("state"))] for r, _ in shown])  # fmt: skip
-    capacity = num(record.run_info.get("memory_capacity_bytes"))
+    capacity = record.run_info.memory_capacity_bytes
     if capacity:
         ax.axhline(capacity / 2**30, ls="--", color="#d62728", label="capacity")
         ax.legend(fontsize="small")

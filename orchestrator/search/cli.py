@@ -17,9 +17,9 @@ from pathlib import Path
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
-from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
+from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
+from orchestrator.search.context import space_for
 from orchestrator.session import check_ray_address
-from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from train_fns.plan import FAULT_KINDS
 
 
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--storage",
         help="Optuna storage: a database URL (postgresql://...) or a .journal path (default: "
-        "SQLite study.db in --out; study.journal there when --out is on a network disk)",
+        f"SQLite {STUDY_DB} in --out; {STUDY_JOURNAL} there when --out is on a network disk)",
     )
     p.add_argument("--resume", action="store_true", help="continue the study in --out")
     p.add_argument(
@@ -64,9 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="rank candidate configs with the cost model; no cluster, nothing measured",
     )
-    p.add_argument("--link", default="nvlink_a100", help="dry run: pcie_v100, nvlink_a100, ...")
+    p.add_argument("--link", help="dry run: pcie_v100, nvlink_a100, ... (default: the search's "
+                   "nominal link, nvlink_a100 on one node, net_100g across nodes)")  # fmt: skip
     p.add_argument("--nodes", type=int, default=1, help="dry run: nodes the ranks span")
-    p.add_argument("--tflops", type=float, default=100.0, help="dry run: TFLOP/s per rank")
+    p.add_argument("--tflops", type=float, help="dry run: TFLOP/s per rank (default: the "
+                   "search's nominal 100)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -82,21 +84,6 @@ def parse_faults(text: str) -> dict[int, str]:
             )
         faults[int(number)] = kind
     return faults
-
-
-def provisional_context(config: Config) -> SearchContext:
-    return SearchContext(
-        backend="gloo",
-        strategy_mode=config.strategy,
-        use_gpu=False,
-        world_size=config.cluster.num_workers,
-        num_nodes=1,
-        global_batch=config.workload.global_batch,
-        unsafe_nccl=config.search.unsafe_nccl,
-        precision=config.workload.precision,
-        lossy=config.search.lossy,
-        unused_parameters=bool(config.workload.unused_parameters),
-    )
 
 
 def check(argv: list[str]) -> Config:
@@ -119,12 +106,7 @@ def configure(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         if value is not None:  # a string option stays a string (YAML made a dict of "x:")
             sets.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     config = load_config(args.config, args.preset, sets)
-    try:
-        # Built once against a CPU context so that mistakes in the spaces (a missing
-        # strategy space, a condition on an unknown name) stop here, before Ray.
-        SearchSpace(load_spaces(config.search.spaces), provisional_context(config))
-    except SpaceError as e:
-        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+    space_for(config, use_gpu=False, num_nodes=1)  # a mistake in the spaces stops before Ray
     faults = parse_faults(args.inject_faults)
     config = absolute_paths(config)
     config, notes = check_model(config)
@@ -149,7 +131,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     if not args.dry_run:
         check_ray_address(config, "--address" if args.address else "cluster.address")
     if not args.resume and any(
-        (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, "trials.csv")
+        (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV)
     ):
         raise ConfigError(
             "--out",
@@ -213,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if baseline_failed is not None:
         print(
             f"commtune: the baseline (trial 0) did not complete ({baseline_failed}); there is "
-            "nothing to compare against (see trials.csv)",
+            f"nothing to compare against (see {TRIALS_CSV})",
             file=sys.stderr,
         )
         return 1

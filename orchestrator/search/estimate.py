@@ -1,29 +1,32 @@
 """``python -m orchestrator.search --dry-run``: rank candidate configs with the cost model,
 without a cluster.
 
-Candidates are drawn from the config's search spaces (as the search would sample them, in a
-GPU/NCCL context of ``--nodes`` nodes), the model's size is counted on the meta device
-(no memory, no weights), compute per sample comes from ``costmodel.compute_s_per_sample``
-(6 x params x seq_len FLOPs) at the given TFLOP/s, and ``costmodel.rank_candidates`` predicts
-each one's samples/s on a nominal link. It explains DDP vs FSDP traffic in bytes; it does not
-replace a measurement.
+The candidates are those the search seeds from (``proposer.ranked_candidates``: the config's
+distinct plan knobs, in a GPU/NCCL context of ``--nodes`` nodes), ranked the same way: the
+model's size counted on the meta device (no memory, no weights), compute per sample from
+``costmodel.compute_s_per_sample`` (6 x params x seq_len FLOPs) at the given TFLOP/s, each
+one's samples/s predicted on the given link (by default, the search's nominal figures). The
+baseline and the seeds the search would start with are marked. It explains DDP vs FSDP
+traffic in bytes; it does not replace a measurement.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import (
-    LINKS,
-    ModelSize,
-    comm_per_step,
-    compute_s_per_sample,
-    rank_candidates,
-)
+from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, knob_traffic
 from orchestrator.inputs import check_range
 from orchestrator.plans import check_entrypoint
-from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from orchestrator.search.context import space_for
+from orchestrator.search.proposer import (
+    NOMINAL_TFLOPS,
+    cost_model_seeds,
+    nominal_link,
+    ranked_candidates,
+)
+from search_spaces import PLAN_KNOBS
 
 
 def model_size(config: Config) -> ModelSize:
@@ -44,54 +47,61 @@ def model_size(config: Config) -> ModelSize:
     return ModelSize(params, int(getattr(hf, "num_hidden_layers", 0)), config.workload.model)
 
 
-def candidates(config: Config, nodes: int, count: int) -> list[dict[str, Any]]:
-    """Up to ``count`` distinct configurations the search could sample (baseline first)."""
-    import optuna
+@dataclass(frozen=True)
+class Ranking:
+    """What a dry run shows: every configuration the search seeds from, ranked."""
 
-    context = SearchContext("nccl", config.strategy, True, config.cluster.num_workers, nodes,
-                            config.workload.global_batch, config.cluster.nvswitch,
-                            config.search.unsafe_nccl, config.workload.precision,
-                            config.search.lossy)  # fmt: skip
-    space = SearchSpace(load_spaces(config.search.spaces), context)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=config.search.seed))
-    found = [space.knobs(space.baseline())]
-    for _ in range(count * 5):  # NCCL variables are not modelled: distinct plan knobs only
-        knobs = space.knobs(space.suggest(study.ask()))
-        if knobs not in found:
-            found.append(knobs)
-        if len(found) >= count:
-            break
-    return found
+    link: Link
+    tflops: float
+    ranked: list[tuple[float, dict[str, Any]]]
+    """Predicted samples/s and params, best first (``proposer.ranked_candidates``)."""
+    baseline: dict[str, Any]
+    seeds: list[dict[str, Any]]
+    """What the search runs after the baseline, on this link (``proposer.cost_model_seeds``)."""
+
+    def mark(self, params: dict[str, Any]) -> str:
+        return "baseline" if params == self.baseline else "seed" if params in self.seeds else ""
 
 
-def dry_run(config: Config, link_name: str, nodes: int, tflops: float, count: int = 200) -> list:
-    """The ranked lines a dry run prints."""
-    if link_name not in LINKS:
+def ranking(
+    config: Config, nodes: int, link: Link | None, tflops: float | None, size: ModelSize
+) -> Ranking:
+    """The search's candidates in a GPU/NCCL context over ``nodes`` nodes, ranked as the
+    search ranks them. No link or TFLOP/s: the live search's own nominal figures, so the
+    seeds are the ones it runs without a probe."""
+    space = space_for(config, use_gpu=True, num_nodes=nodes)
+    link = link or nominal_link(space.context)
+    tflops = tflops or NOMINAL_TFLOPS[True]
+    compute_s = compute_s_per_sample(size.num_params, config.workload.seq_len, tflops)
+    count = config.search.cost_model_seeds if config.search.sampler != "grid" else 0  # Proposer
+    seeds = cost_model_seeds(space, size, link, compute_s, count)
+    ranked = ranked_candidates(space, size, link, compute_s)
+    return Ranking(link, tflops, ranked, space.baseline(), seeds)
+
+
+def dry_run(config: Config, link_name: str | None, nodes: int, tflops: float | None) -> list:
+    """The ranked lines a dry run prints: the ten best, and wherever they rank, the baseline
+    and the seeds the search would start with."""
+    if link_name is not None and link_name not in LINKS:
         raise ConfigError("--link", f"{link_name!r}; use one of {', '.join(LINKS)}")
     world = config.cluster.num_workers
     check_range("--nodes", nodes, 1, world)  # 0 divided by zero; more nodes than ranks is none
-    check_range("--tflops", tflops, 1e-3, 1e6)  # 0 divided by zero; nan ranked nothing
-    try:  # the GPU/NCCL context may reach a space mistake the CPU check did not
-        found = candidates(config, nodes, count)
-    except SpaceError as e:
-        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
-    link, size = LINKS[link_name], model_size(config)
-    per_sample = compute_s_per_sample(size.num_params, config.workload.seq_len, tflops)
-    ranked = rank_candidates(found, size, world, link, per_sample,
-                             global_batch=config.workload.global_batch)  # fmt: skip
+    if tflops is not None:
+        check_range("--tflops", tflops, 1e-3, 1e6)  # 0 divided by zero; nan ranked nothing
+    size = model_size(config)
+    found = ranking(config, nodes, LINKS[link_name] if link_name else None, tflops, size)
+    link = found.link
     lines = [f"dry run: {size.name} ({size.num_params / 1e6:.0f}M params), {world} ranks on "
-             f"{link.name} ({link.bandwidth_bytes_per_s / 1e9:g} GB/s), {tflops:g} TFLOP/s per "
-             f"rank; {len(ranked)} distinct plans, best first (predicted, not measured; "
-             "NCCL variables are not modelled)"]  # fmt: skip
-    for rank, (throughput, knobs) in enumerate(ranked[:10], start=1):
-        traffic = comm_per_step(
-            knobs.get("strategy", "ddp"), size.num_params, 4, world,
-            int(knobs.get("accumulation_steps", 1)), bool(knobs.get("reshard_after_forward", True)),
-            link, bucket_bytes=int(float(knobs.get("bucket_cap_mb", 25)) * 2**20),
-            num_fsdp_units=size.num_fsdp_units,
-        )  # fmt: skip
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
-        lines.append(f"{rank:3d}. {throughput:9.1f} samples/s  {{{shown}}}")
+             f"{link.name} ({link.bandwidth_bytes_per_s / 1e9:g} GB/s), {found.tflops:g} "
+             f"TFLOP/s per rank; {len(found.ranked)} distinct plans, best first (predicted, "
+             "not measured; NCCL variables are not modelled). The search starts with the "
+             f"baseline and the {len(found.seeds)} seed(s) marked"]  # fmt: skip
+    for rank, (throughput, params) in enumerate(found.ranked, start=1):
+        mark = found.mark(params)
+        if rank > 10 and not mark:
+            continue
+        traffic = knob_traffic(params, size, world, link, precision=config.workload.precision)
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(params.items()) if k in PLAN_KNOBS)
+        lines.append(f"{rank:3d}. {throughput:9.1f} samples/s {mark:>8}  {{{shown}}}")
         lines.append(f"      {traffic.summary()}")
     return lines

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
 from orchestrator.probe import ProbeSettings, run_probe, write_csv
-from orchestrator.runfiles import PROBE_CSV, read_probe, storage_dir
+from orchestrator.runfiles import PROBE_CSV, RunInfo, read_probe, storage_dir
 from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.trial import derive_plan, measure_plans
 from orchestrator.session import resolve_gpu
@@ -47,15 +47,15 @@ def probed_link(out: Path) -> Link | None:
     return None if rows is None else link_from_probe(rows)
 
 
-def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> dict[str, Any]:
+def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -> RunInfo:
     """The baseline measured once on a single worker (skipped when off, on one worker, when
     the baseline failed, or when the time budget is spent), and the gradient bytes."""
     base = baseline_record(recs, ctx.space.baseline())
-    extra: dict[str, Any] = {}
-    if base is not None and base.attrs.get(m.NUM_PARAMS):
-        extra["grad_bytes"] = base.attrs[m.NUM_PARAMS] * GRAD_BYTES_PER_PARAM
-    if base is not None and base.attrs.get(m.GPU_UTIL) is not None:
-        extra["gpu_util"] = base.attrs[m.GPU_UTIL]  # NVML, sampled at each window's end
+    attrs = base.attrs if base is not None else {}
+    extra = RunInfo(
+        grad_bytes=attrs[m.NUM_PARAMS] * GRAD_BYTES_PER_PARAM if attrs.get(m.NUM_PARAMS) else None,
+        gpu_util=attrs.get(m.GPU_UTIL),  # NVML, sampled at each window's end
+    )
     config = ctx.config
     if not config.search.scaling_baseline or config.cluster.num_workers == 1 or base is None:
         return extra
@@ -70,14 +70,14 @@ def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -
     if outcome.get(m.STATE) != m.COMPLETE:
         print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
         return extra
-    return extra | {"single_worker_samples_per_s": outcome[m.SAMPLES_PER_S]}
+    return dataclasses.replace(extra, single_worker_samples_per_s=outcome[m.SAMPLES_PER_S])
 
 
-def scaling_lines(recs: list[TrialRecord], baseline: dict, info: dict[str, Any]) -> list[str]:
+def scaling_lines(recs: list[TrialRecord], baseline: dict, info: RunInfo) -> list[str]:
     """One line: scaling efficiency of the baseline with its N workers."""
-    single = info.get("single_worker_samples_per_s")
+    single = info.single_worker_samples_per_s
     base = baseline_record(recs, baseline)
-    world = info.get("world_size") or 0
+    world = info.world_size or 0
     if not single or base is None or world < 2:
         return []
     value = base.attrs[m.SAMPLES_PER_S]

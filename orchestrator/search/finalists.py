@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from orchestrator.runfiles import REMEASURE_CSV
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.verdict import Measure, Run, Verdict, disturbances, judge
@@ -61,7 +62,7 @@ def remeasure(
         for i, res in zip(again, redo, strict=True):
             results[i].append(res)
     runs = _runs(order, results, baseline)
-    _write_csv(order, results, baseline, disturbances(runs), windows, out / "remeasure.csv")
+    _write_csv(order, results, baseline, disturbances(runs), windows, out / REMEASURE_CSV)
     return judge(runs, windows)
 
 

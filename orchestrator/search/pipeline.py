@@ -13,8 +13,9 @@ import optuna
 from orchestrator.config import Config, ConfigError, SearchConfig
 from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
-from orchestrator.runfiles import add_search_wall, storage_dir, update_run_info
+from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
 from orchestrator.search import evidence, study
+from orchestrator.search.context import context_for
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.group_run import slowest_start
@@ -30,7 +31,6 @@ from orchestrator.search.results import (
 from orchestrator.search.trial import TrialContext
 from orchestrator.search.tuner import build_tuner
 from orchestrator.session import (
-    backend_name,
     check_capacity,
     quiet_libraries,
     resolve_gpu,
@@ -49,25 +49,15 @@ NOT_RUN_WHY = "queued, but the search ended (its time budget) before it ran; --r
 
 
 def search_context(config: Config, use_gpu: bool) -> SearchContext:
-    """What the spaces are conditioned on: backend, world size, nodes, the global batch."""
+    """What the spaces are conditioned on (``context.context_for``), on the cluster Ray
+    found: the workers span the nodes alive (those with a GPU, for GPU workers), at most one
+    node per worker."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     if use_gpu:
         alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-    return SearchContext(
-        backend=backend_name(use_gpu),
-        strategy_mode=config.strategy,
-        use_gpu=use_gpu,
-        world_size=config.cluster.num_workers,
-        num_nodes=max(1, min(len(alive), config.cluster.num_workers)),
-        global_batch=config.workload.global_batch,
-        nvswitch=config.cluster.nvswitch,
-        unsafe_nccl=config.search.unsafe_nccl,
-        precision=config.workload.precision,
-        lossy=config.search.lossy,
-        unused_parameters=bool(config.workload.unused_parameters),
-    )
+    return context_for(config, use_gpu, max(1, min(len(alive), config.cluster.num_workers)))
 
 
 def run_search(
@@ -92,7 +82,7 @@ def run_search(
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
         topo = worker_topology(use_gpu)  # not the driver's: it may be a CPU head
-        info = update_run_info(out, {**_context_info(space.context), "topology": topo})
+        info = update_run_info(out, _context_info(space.context, topo))
         if config.search.probe and not resume:
             evidence.measure_link(config, out)
         link = evidence.probed_link(out)
@@ -113,7 +103,7 @@ def run_search(
             verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)
         lines += evidence.scaling_lines(recs, space.baseline(), info)
-        lines += filter(None, [overhead_line(recs, info.get("search_wall_s"))])
+        lines += filter(None, [overhead_line(recs, info.search_wall_s)])
         lines.append(write_report(out))
         return lines, baseline_failure(recs, space.baseline())
     except SpaceError as e:  # e.g. a grid too large for this cluster's context
@@ -238,12 +228,13 @@ def _remeasure(
     return remeasure(ctx, base, chosen, out)
 
 
-def _context_info(context: SearchContext) -> dict:
+def _context_info(context: SearchContext, topo: dict) -> RunInfo:
     """What run_info.json records of the trials' context, for the doctor and the report."""
-    return {
-        "backend": context.backend,
-        "world_size": context.world_size,
-        "num_nodes": context.num_nodes,
-        "use_gpu": context.use_gpu,
-        "nccl_version": nccl_version(),  # the driver's torch, the workers' too (one install)
-    }
+    return RunInfo(
+        backend=context.backend,
+        world_size=context.world_size,
+        num_nodes=context.num_nodes,
+        use_gpu=context.use_gpu,
+        nccl_version=nccl_version(),  # the driver's torch, the workers' too (one install)
+        topology=topo,
+    )

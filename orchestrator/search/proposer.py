@@ -219,6 +219,19 @@ class Proposer:
         return self.space.from_optuna_params(best.params)
 
 
+def ranked_candidates(
+    space: SearchSpace, model: ModelSize, link: Link, compute_s_per_sample: float
+) -> list[tuple[float, dict[str, Any]]]:
+    """What the search seeds from, ranked by predicted samples/s, best first: the space's
+    distinct plan knobs (the baseline's among them) with NCCL variables at their defaults,
+    which the model does not see. The dry run shows this same list."""
+    ctx = space.context
+    vary = [n for n in space.param_names if n in PLAN_KNOBS]
+    return rank_candidates(space.grid_slice(vary), model, ctx.world_size, link,
+                           compute_s_per_sample, global_batch=ctx.global_batch,
+                           precision=ctx.precision)  # fmt: skip
+
+
 def cost_model_seeds(
     space: SearchSpace,
     model: ModelSize,
@@ -226,23 +239,17 @@ def cost_model_seeds(
     compute_s_per_sample: float,
     count: int,
 ) -> list[dict[str, Any]]:
-    """The ``count`` configurations the cost model ranks best, baseline excluded.
-
-    Candidates are the space's distinct plan knobs with NCCL variables at their defaults
-    (the model does not see them). Candidates the model cannot tell apart (the same
+    """The ``count`` configurations of :func:`ranked_candidates` ranked best, baseline
+    excluded (it runs first anyway). Candidates the model cannot tell apart (the same
     prediction, e.g. differing only in ``static_graph``) yield one seed: a second would
-    test nothing the model knows.
-    """
-    ctx = space.context
-    vary = [n for n in space.param_names if n in PLAN_KNOBS]
+    test nothing the model knows."""
     baseline = space.optuna_params(space.baseline())
-    candidates = [p for p in space.grid_slice(vary) if space.optuna_params(p) != baseline]
-    ranked = rank_candidates(candidates, model, ctx.world_size, link, compute_s_per_sample,
-                             global_batch=ctx.global_batch)  # fmt: skip
     seeds: list[dict[str, Any]] = []
     predictions: set[float] = set()
-    for predicted, params in ranked:
-        if predicted not in predictions and len(seeds) < count:
+    for predicted, params in ranked_candidates(space, model, link, compute_s_per_sample):
+        if len(seeds) >= count:
+            break
+        if space.optuna_params(params) != baseline and predicted not in predictions:
             predictions.add(predicted)
             seeds.append(params)
     return seeds

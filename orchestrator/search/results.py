@@ -19,7 +19,14 @@ from optuna.trial import TrialState
 
 from orchestrator.config import Config, dump_config
 from orchestrator.placement import mixed_placements
-from orchestrator.runfiles import TUNER_CONF, write_atomic
+from orchestrator.runfiles import (
+    BEST_ENV,
+    BEST_YAML,
+    TRIALS_CSV,
+    TUNER_CONF,
+    RunInfo,
+    write_atomic,
+)
 from orchestrator.search.study import INTERRUPTED
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
@@ -137,12 +144,12 @@ def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     write_atomic(path, text.getvalue())
 
 
-def memory_capacity_info(recs: list[TrialRecord]) -> dict[str, int]:
+def memory_capacity_info(recs: list[TrialRecord]) -> RunInfo:
     """run_info.json's ``memory_capacity_bytes``: the smallest any trial's worker reported
-    (empty when none did, e.g. a run from before it was recorded)."""
+    (absent when none did, e.g. a run from before it was recorded)."""
     capacities = [r.attrs[m.MEMORY_CAPACITY_BYTES] for r in recs
                   if r.attrs.get(m.MEMORY_CAPACITY_BYTES)]  # fmt: skip
-    return {m.MEMORY_CAPACITY_BYTES: min(capacities)} if capacities else {}
+    return RunInfo(memory_capacity_bytes=min(capacities) if capacities else None)
 
 
 def timings(rec: TrialRecord) -> dict[str, float]:
@@ -204,10 +211,10 @@ def write_outputs(
     its interval, above 1), the baseline itself when it chooses none, and the search's fastest
     trial when nothing was re-measured.
     """
-    write_trials_csv(recs, out / "trials.csv")
+    write_trials_csv(recs, out / TRIALS_CSV)
     best = best_record(recs)
     if best is None:
-        return ["no trial completed: see trials.csv for each trial's reason"]
+        return [f"no trial completed: see {TRIALS_CSV} for each trial's reason"]
     base = baseline_record(recs, space.baseline())
     lines = [summary_line(recs, best, base)]
     mixed = mixed_placements((r.number, r.attrs.get(m.PLACEMENT, "")) for r in recs if r.value)
@@ -230,10 +237,10 @@ def write_outputs(
         f"# commtune best configuration: trial {best.number}, {best.value:.2f} samples/s\n"
         f"{header}# measured: {MEASURED}\n"
     )
-    write_atomic(out / "best.yaml", header + dump_config(without_password(chosen)))
+    write_atomic(out / BEST_YAML, header + dump_config(without_password(chosen)))
     env_lines = [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(chosen.env.items())]
     write_atomic(
-        out / "best.env",
+        out / BEST_ENV,
         "# environment of the best trial (source it before torchrun or another launcher)\n"
         + "".join(line + "\n" for line in env_lines + tuner_lines(out)),
     )

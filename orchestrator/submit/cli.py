@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator.config import ConfigError
+from orchestrator.runfiles import BEST_YAML
 from orchestrator.submit.jobs import (
     COMMANDS,
     DEFAULT_ADDRESS,
@@ -72,7 +73,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     logs.add_argument("job_id")
     logs.add_argument("--follow", action="store_true", help="stream until the job ends")
     add_heartbeat(logs)
-    fetch = sub.add_parser("fetch", help="copy the job's outputs (best.yaml and friends) here")
+    fetch = sub.add_parser("fetch", help=f"copy the job's outputs ({BEST_YAML} and friends) here")
     fetch.add_argument("job_id")
     fetch.add_argument("--dest", help="local folder (default runs/<job id>)")
     fetch.add_argument(

@@ -22,7 +22,7 @@ from typing import Any
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
-from orchestrator.runfiles import TRAIN_RUN_NAME
+from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, TRAIN_FILES, TRAIN_RUN_NAME
 from orchestrator.session import check_ray_address
 from train_fns.metrics import STATE_FILE
 
@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.train", description=__doc__,
                                 allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--config", help="a complete config, e.g. runs/<study>/best.yaml")
+    p.add_argument("--config", help=f"a complete config, e.g. runs/<study>/{BEST_YAML}")
     p.add_argument("--preset", help="smoke, cpu-demo or bert-large (default: by hardware)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one key, e.g. --set train.max_failures=5")  # fmt: skip
@@ -149,6 +149,6 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         print(f"warning: {warning}")
     if summary["error"]:
         print(f"commtune: the run failed: {summary['error']}", file=sys.stderr)
-    print(f"run folder: {out} (summary.json, progress.csv, grad_norms.csv, events.jsonl)")
+    print(f"run folder: {out} ({', '.join((*TRAIN_FILES, EVENTS_JSONL))})")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.config import Config
 from orchestrator.plans import plan_from_config, resolve_task
-from orchestrator.runfiles import TRAIN_RUN_NAME
+from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.session import (
     alive_nodes,
     check_capacity,
@@ -63,7 +63,7 @@ def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSp
 
 
 def progress_file(out: Path) -> Path:
-    return (out / "last_step").resolve()
+    return (out / LAST_STEP).resolve()
 
 
 def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool, out: Path,

@@ -18,6 +18,7 @@ from typing import Any
 
 from ray.train.v2.api.callback import UserCallback
 
+from orchestrator.runfiles import EVENTS_JSONL, GRAD_NORMS_CSV, PROGRESS_CSV, SUMMARY_JSON
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 
@@ -92,9 +93,9 @@ class RunLog:
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        self._progress = self._csv("progress.csv", PROGRESS_COLUMNS)
-        self._norms = self._csv("grad_norms.csv", ("step", "layer", "norm"))
-        self._events = (self.out / "events.jsonl").open("a")
+        self._progress = self._csv(PROGRESS_CSV, PROGRESS_COLUMNS)
+        self._norms = self._csv(GRAD_NORMS_CSV, ("step", "layer", "norm"))
+        self._events = (self.out / EVENTS_JSONL).open("a")
 
     def _csv(self, name: str, columns: tuple) -> Any:
         path = self.out / name
@@ -215,7 +216,7 @@ class RunLog:
             "warnings": self.warnings,
             "error": error,
         }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (self.out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1, default=str))
         return summary
 
     def close(self) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import copy
 import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from orchestrator import runfiles
-from orchestrator.doctor import RULES, Finding, RunRecord, collect, diagnose, rules
 from orchestrator.doctor import cli as doctor_cli
+from orchestrator.findings import RULES, Finding, diagnose, rules
+from orchestrator.runfiles import RunInfo, RunRecord, collect
+from orchestrator.runfiles import files as runfiles
 
 GiB = 2**30
 
@@ -60,13 +62,13 @@ def healthy() -> RunRecord:
             "env": {"NCCL_ALGO": "Ring"},
         },
         best_number=1,
-        run_info={
-            "backend": "nccl",
-            "world_size": 2,
-            "gpu_util": 0.93,
-            "memory_capacity_bytes": 80 * GiB,
-            "single_worker_samples_per_s": 60.0,
-        },
+        run_info=RunInfo(
+            backend="nccl",
+            world_size=2,
+            gpu_util=0.93,
+            memory_capacity_bytes=80 * GiB,
+            single_worker_samples_per_s=60.0,
+        ),
         probe=probe_rows(120.0),
         summary={"steps": 1000, "nonfinite_steps": 0, "nonfinite_rate": 0.0},
         topology={"source": "test", "nvidia_smi_topo": "GPU0\tX\tNV12"},
@@ -76,7 +78,7 @@ def healthy() -> RunRecord:
 def gloo_healthy() -> RunRecord:
     """A CPU run: no link bound, no NVML; the trial's sync keeps up with the probe."""
     rec = healthy()
-    rec.run_info = {"backend": "gloo", "world_size": 2, "grad_bytes": 16e6}
+    rec.run_info = RunInfo(backend="gloo", world_size=2, grad_bytes=16e6)
     rec.best_config["env"] = {}
     rec.probe = probe_rows(1.4, backend="gloo")
     rec.trials[1]["exposed_comm_s"] = "0.01"  # 16 MB at >= 1.6 GB/s busbw: above 0.7
@@ -116,12 +118,14 @@ CASES = {
     "rule_data_wait": best_row(healthy(), data_s="0.04"),
     "rule_comm_fraction": best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"),
     "rule_bandwidth": mutate(healthy(), probe=probe_rows(10.0)),
-    "rule_gpu_util": mutate(healthy(), run_info={**healthy().run_info, "gpu_util": 0.5}),
-    "rule_memory": mutate(healthy(), run_info={**healthy().run_info, "memory_capacity_bytes": GiB}),
+    "rule_gpu_util": mutate(healthy(), run_info=replace(healthy().run_info, gpu_util=0.5)),
+    "rule_memory": mutate(
+        healthy(), run_info=replace(healthy().run_info, memory_capacity_bytes=GiB)
+    ),
     "rule_nonfinite": mutate(healthy(), summary={"steps": 1000, "nonfinite_steps": 5}),
     "rule_nccl_on_gloo": mutate(gloo_healthy(), best_config={"env": {"NCCL_ALGO": "Tree"}}),
     "rule_scaling": mutate(
-        healthy(), run_info={**healthy().run_info, "single_worker_samples_per_s": 100.0}
+        healthy(), run_info=replace(healthy().run_info, single_worker_samples_per_s=100.0)
     ),
     "rule_mixed_placement": mutate(healthy(), trials=[
         trial_row(0, 100.0, placement="node0:8"),
@@ -163,7 +167,7 @@ def test_gloo_bandwidth_compares_the_trial_with_the_probe() -> None:
     slow = best_row(gloo_healthy(), exposed_comm_s="0.1")  # 0.16 GB/s against 1.4 probed
     finding = rules.rule_bandwidth(slow)
     assert finding is not None and "probe" in finding.evidence
-    no_bytes = mutate(slow, run_info={"backend": "gloo", "world_size": 2})
+    no_bytes = mutate(slow, run_info=RunInfo(backend="gloo", world_size=2))
     assert rules.rule_bandwidth(no_bytes) is None  # no gradient size: quiet, not a guess
 
 
@@ -189,7 +193,7 @@ def test_training_summary_wins_over_the_search() -> None:
 
 
 def test_diagnose_ranks_most_severe_first() -> None:
-    rec = mutate(CASES["rule_nonfinite"], run_info={**healthy().run_info, "gpu_util": 0.7})
+    rec = mutate(CASES["rule_nonfinite"], run_info=replace(healthy().run_info, gpu_util=0.7))
     found = diagnose(rec)
     assert [f.severity for f in found] == ["high", "medium"]
     assert diagnose(healthy()) == []
@@ -239,7 +243,7 @@ def test_collect_tolerates_missing_and_broken_files(tmp_path: Path) -> None:
     (run / "run_info.json").write_text("{not json")
     (run / "trials.csv").unlink()
     rec = collect([run])
-    assert "run_info.json" in rec.unreadable and rec.run_info == {}
+    assert "run_info.json" in rec.unreadable and rec.run_info == RunInfo()
     assert rec.trials == [] and rec.best() is None
     diagnose(rec)  # no rule trips over absent data
     assert rec.topology["source"].startswith("this machine")

@@ -117,3 +117,17 @@ def test_test_modules_have_unique_basenames() -> None:
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_the_report_and_the_doctor_are_siblings() -> None:
+    """Both read the run folder (orchestrator.runfiles) and the findings
+    (orchestrator.findings); neither imports the other, so a figure is added in one place."""
+    crossing = {
+        mod: sorted(d for d in deps if d.startswith(("orchestrator.doctor", "orchestrator.report")))
+        for mod, deps in graph().items()
+        if mod.startswith(("orchestrator.report", "orchestrator.doctor", "orchestrator.findings",
+                           "orchestrator.runfiles"))  # fmt: skip
+    }
+    own = {mod: [d for d in deps if d.split(".")[1] != mod.split(".")[1]]
+           for mod, deps in crossing.items()}  # fmt: skip
+    assert {mod: deps for mod, deps in own.items() if deps} == {}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import doctor
+from orchestrator import runfiles
 from orchestrator.config import BOUNDS, Config, ConfigError, from_dict, load_config
 from orchestrator.inputs import check_out_dir, parse_set, read_yaml
 from orchestrator.probe import cli as probe
@@ -196,7 +196,7 @@ def test_train_probe_report_doctor_refuse_bad_inputs(files: Path) -> None:
     (run / "best.yaml").write_text(_bomb("tuned", "x"))
     code, err = _run(report.main, [str(run), "--out", str(files)])
     assert code == 2 and "--out" in err and "is a folder" in err
-    record = doctor.collect([run])  # the bomb is skipped as unreadable, never expanded
+    record = runfiles.collect([run])  # the bomb is skipped as unreadable, never expanded
     assert "best.yaml" in record.unreadable and "aliases" in record.unreadable["best.yaml"]
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.doctor import collect, rules
-from orchestrator.runfiles import update_run_info
+from orchestrator.findings import rules
+from orchestrator.runfiles import collect, update_run_info
 from orchestrator.search.outcome import summarize
 from orchestrator.search.results import TrialRecord, memory_capacity_info, write_trials_csv
 from train_fns import metrics as m

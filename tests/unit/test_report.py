@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator import doctor
+from orchestrator import findings, runfiles
 from orchestrator.report import SECTIONS
 from orchestrator.report import cli as report
 from orchestrator.storage import open_file
@@ -206,7 +206,7 @@ def test_findings_are_the_doctors_words(tmp_path: Path) -> None:
     (folder / "run_info.json").write_text(json.dumps(info))  # 240 / (2 x 200): 60% scaling
     assert report.main([str(folder)]) == 0
     text = (folder / "report.html").read_text()
-    found = doctor.diagnose(doctor.collect([folder]))
+    found = findings.diagnose(runfiles.collect([folder]))
     assert [f.title for f in found] == ["scaling efficiency 60% on 2 workers"]
     for part in (found[0].title, found[0].evidence, found[0].fix):
         assert html.escape(part) in text
@@ -228,8 +228,8 @@ def test_empty_folder_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_the_trial_table_shows_each_trials_placement() -> None:
-    from orchestrator.doctor import RunRecord
     from orchestrator.report.trials import section_throughput
+    from orchestrator.runfiles import RunRecord
 
     rows = [{"number": "0", "state": "complete", "samples_per_s": "10", "placement": "node0:2"},
             {"number": "1", "state": "complete", "samples_per_s": "12",

@@ -101,12 +101,12 @@ def test_run_info_records_the_nccl_version_or_null_without_cuda(
 
     context = SearchContext("gloo", "ddp", False, 2, 1, 32)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    update_run_info(tmp_path, _context_info(context))
-    assert read_run_info(tmp_path)["nccl_version"] is None
+    update_run_info(tmp_path, _context_info(context, {}))
+    assert read_run_info(tmp_path).nccl_version is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 5))
-    update_run_info(tmp_path, _context_info(context))
-    assert read_run_info(tmp_path)["nccl_version"] == "2.27.5"
+    update_run_info(tmp_path, _context_info(context, {}))
+    assert read_run_info(tmp_path).nccl_version == "2.27.5"
 
 
 def test_fsdp_bf16_all_gathers_are_costed_at_two_bytes() -> None:

@@ -22,8 +22,18 @@ from orchestrator.costmodel import (
     Link,
     bus_factor,
 )
-from orchestrator.doctor.record import RunRecord, focus_step, num
+from orchestrator.findings.steps import focus_step
 from orchestrator.placement import mixed_placements
+from orchestrator.runfiles import (
+    BEST_YAML,
+    PROBE_CSV,
+    REMEASURE_CSV,
+    RUN_INFO,
+    SUMMARY_JSON,
+    TRIALS_CSV,
+    RunRecord,
+    num,
+)
 from orchestrator.verdict import MIN_GAIN, judge, runs_from_rows
 from train_fns.metrics import NONFINITE_RATE_MAX
 
@@ -142,12 +152,12 @@ def probe_busbw_gbps(record: RunRecord, op: str = "all_reduce") -> tuple[float, 
 
 def link_bound(record: RunRecord) -> Link | None:
     """The nominal link a GPU run should reach; gloo/CPU has none (it is not a NCCL fabric)."""
-    named = record.run_info.get("link")
+    named = record.run_info.link
     if named in LINKS:
         return LINKS[named]
     if record.backend != "nccl":
         return None
-    if (num(record.run_info.get("num_nodes")) or 1) > 1:
+    if (record.run_info.num_nodes or 1) > 1:
         return EFA_400G if str(record.env.get("FI_PROVIDER", "")).lower() == "efa" else NET_100G
     topo = " ".join(str(v) for v in record.topology.values())  # nvidia-smi topo -m: NV# = NVLink
     return NVLINK_A100 if re.search(r"\bNV\d+\b", topo) else PCIE_V100
@@ -156,7 +166,7 @@ def link_bound(record: RunRecord) -> Link | None:
 def implied_sync_gbps(record: RunRecord) -> float | None:
     """DDP gradient all-reduce bus bandwidth if all of it took the exposed comm time: an upper
     bound (hidden communication makes the real time longer), so below the probe is conclusive."""
-    grad_bytes, n = num(record.run_info.get("grad_bytes")), record.world_size
+    grad_bytes, n = record.run_info.grad_bytes, record.world_size
     step = focus_step(record)
     if not grad_bytes or not n or n < 2 or step is None or not step.exposed_comm_s:
         return None
@@ -182,7 +192,7 @@ def rule_bandwidth(record: RunRecord) -> Finding | None:
             return Finding(
                 "high" if ratio < 0.2 else "medium",
                 f"all-reduce bus bandwidth is {_pct(ratio)} of the link's",
-                f"probe.csv: {probed[0]:.3g} GB/s busbw at >= {probed[1] / 2**20:.0f} MiB vs "
+                f"{PROBE_CSV}: {probed[0]:.3g} GB/s busbw at >= {probed[1] / 2**20:.0f} MiB vs "
                 f"{link.bandwidth_bytes_per_s / 1e9:.3g} GB/s nominal for {link.name}",
                 _BANDWIDTH_FIX,
                 BANDWIDTH_FAR_BELOW / max(ratio, 1e-6),
@@ -194,7 +204,7 @@ def rule_bandwidth(record: RunRecord) -> Finding | None:
             "medium",
             f"gradient sync reaches {_pct(ratio)} of the probed bandwidth",
             f"{focus_step(record).label}: at most {implied:.3g} GB/s implied by the exposed "
-            f"communication vs {probed[0]:.3g} GB/s measured by probe.csv",
+            f"communication vs {probed[0]:.3g} GB/s measured by {PROBE_CSV}",
             "the collective is fast but the trial's sync is not: fewer, larger buckets "
             "(bucket_cap_mb), gradient_as_bucket_view=true, and the same environment for the "
             "probe and the training run; " + _BANDWIDTH_FIX,
@@ -205,7 +215,7 @@ def rule_bandwidth(record: RunRecord) -> Finding | None:
 
 def rule_gpu_util(record: RunRecord) -> Finding | None:
     """GPU idle: only NVML knows, so only runs with gpu_util in run_info.json are judged."""
-    util = num(record.run_info.get("gpu_util"))
+    util = record.run_info.gpu_util
     if util is None:
         return None
     util = util / 100 if util > 1 else util  # tolerate a percentage
@@ -214,7 +224,7 @@ def rule_gpu_util(record: RunRecord) -> Finding | None:
     return Finding(
         "high" if util < 0.5 else "medium",
         f"GPUs busy only {_pct(util)} of the time",
-        f"run_info.json gpu_util = {util:.2f} (threshold {GPU_UTIL_MIN:.2f})",
+        f"{RUN_INFO} gpu_util = {util:.2f} (threshold {GPU_UTIL_MIN:.2f})",
         "find what the GPU waits for: the data-wait and communication findings above, CPU "
         "contention (cluster.cpus_per_worker), a micro-batch too small to fill the GPU (less "
         "accumulation, larger micro-batch), host syncs such as .item() in the step",
@@ -227,7 +237,7 @@ def rule_memory(record: RunRecord) -> Finding | None:
     row = record.best() or record.baseline()
     # the trial's own workers' capacity (trials.csv), else the run's (run_info.json)
     capacity = num(row.get("memory_capacity_bytes")) if row else None
-    capacity = capacity or num(record.run_info.get("memory_capacity_bytes"))
+    capacity = capacity or record.run_info.memory_capacity_bytes
     peak_mib = num(row.get("peak_mem_mib")) if row else None
     if not capacity or peak_mib is None:
         return None
@@ -261,7 +271,7 @@ def rule_nonfinite(record: RunRecord) -> Finding | None:
     return Finding(
         "high",
         f"{_pct(rate)} of steps had non-finite loss or gradients",
-        f"summary.json: {counted} = {rate:.2%} (threshold {NONFINITE_RATE_MAX:.1%})"
+        f"{SUMMARY_JSON}: {counted} = {rate:.2%} (threshold {NONFINITE_RATE_MAX:.1%})"
         + (f"; final loss scale {scale:g}" if scale is not None else ""),
         "precision: bf16 instead of fp16 (no loss scaling needed); lower the learning rate or "
         "add warm-up; keep gradient clipping (train.max_grad_norm); with fp16, a loss scale "
@@ -286,7 +296,7 @@ def rule_nccl_on_gloo(record: RunRecord) -> Finding | None:
     ]
     if not env and not tuned_shown:
         return None
-    where = [f"best.yaml env {', '.join(env)}"] if env else []
+    where = [f"{BEST_YAML} env {', '.join(env)}"] if env else []
     where += [f"trial params {', '.join(tuned_shown)}"] if tuned_shown else []
     return Finding(
         "medium",
@@ -300,7 +310,7 @@ def rule_nccl_on_gloo(record: RunRecord) -> Finding | None:
 
 def rule_scaling(record: RunRecord) -> Finding | None:
     """Pipeline efficiency: N workers should give close to N times one worker."""
-    single = num(record.run_info.get("single_worker_samples_per_s"))
+    single = record.run_info.single_worker_samples_per_s
     base, n = record.baseline(), record.world_size
     if not single or base is None or not n or n < 2:
         return None
@@ -316,7 +326,7 @@ def rule_scaling(record: RunRecord) -> Finding | None:
         f"baseline {num(base['samples_per_s']):.3g} samples/s vs {n} x {single:.3g} on one "
         f"worker (threshold {_pct(SCALING_MIN)}){tuned}",
         "the gap is synchronisation or input: see the communication and data findings; "
-        "run the search with the accumulation and ddp spaces and apply best.yaml",
+        f"run the search with the accumulation and ddp spaces and apply {BEST_YAML}",
         SCALING_MIN / max(min(eff, best_eff), 1e-6),
     )
 
@@ -343,10 +353,10 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
     troubled = verdict is not None and (verdict.disturbed or verdict.too_noisy)
     if not claims and not troubled and spread <= MIN_GAIN:
         return None
-    evidence = [f"remeasure.csv: baseline run-to-run spread {_pct(spread)}"] if verdict else []
+    evidence = [f"{REMEASURE_CSV}: baseline run-to-run spread {_pct(spread)}"] if verdict else []
     evidence += [f"disturbed: {w}" for w in verdict.disturbed] if verdict else []
     evidence += [verdict.line().split("; what helps")[0]] if verdict and verdict.too_noisy else []
-    evidence += [f"trials.csv: {', '.join(claims[:5])}"] if claims else []
+    evidence += [f"{TRIALS_CSV}: {', '.join(claims[:5])}"] if claims else []
     best = record.best()
     best_noisy = best is not None and any(c.startswith(f"trial {best['number']} ") for c in claims)
     return Finding(

@@ -1,11 +1,8 @@
 """A run as the doctor and the report see it: whatever files its folder holds, read once.
 
-Files read from each folder (and its ``train`` subfolder): trials.csv, best.yaml, study.db (or
-study.journal), remeasure.csv, probe.csv, run_info.json (search side); summary.json,
-progress.csv, grad_norms.csv (a training run). run_info.json keys, all optional: backend,
-world_size, num_nodes, use_gpu, topology, single_worker_samples_per_s, memory_capacity_bytes,
-gpu_util, and link (a name in ``costmodel.LINKS``) or grad_bytes (gradient bytes per step) for
-the bandwidth check. An unreadable file is noted and skipped: the other rules still run.
+The files are read from each folder and its ``train`` subfolder (``files.KNOWN_FILES``);
+run_info.json becomes a ``RunInfo``. An unreadable file is noted and skipped: the other rules
+still run.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import csv
 import logging
 import re
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +17,20 @@ from typing import Any
 
 import yaml
 
-from orchestrator.runfiles import read_csv, read_mapping, run_files, topology
-from train_fns.commsplit import comm_fraction
+from orchestrator.runfiles.files import (
+    BEST_YAML,
+    PROBE_CSV,
+    PROGRESS_CSV,
+    REMEASURE_CSV,
+    RUN_INFO,
+    SUMMARY_JSON,
+    TRIALS_CSV,
+    read_csv,
+    read_mapping,
+    run_files,
+    topology,
+)
+from orchestrator.runfiles.info import RunInfo
 
 log = logging.getLogger("commtune")
 
@@ -38,7 +46,7 @@ class RunRecord:
     best_config: dict[str, Any] = field(default_factory=dict)
     best_number: int | None = None
     """The trial best.yaml was written from (its header names it)."""
-    run_info: dict[str, Any] = field(default_factory=dict)
+    run_info: RunInfo = field(default_factory=RunInfo)
     probe: list[dict[str, str]] = field(default_factory=list)
     remeasure: list[dict[str, str]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -57,8 +65,8 @@ class RunRecord:
     def backend(self) -> str | None:
         """run_info's backend, else the probe's (same workers), else gloo for CPU-only configs."""
         probed = {r.get("backend") for r in self.probe} - {None, ""}
-        if self.run_info.get("backend") or len(probed) == 1:
-            return self.run_info.get("backend") or probed.pop()
+        if self.run_info.backend or len(probed) == 1:
+            return self.run_info.backend or probed.pop()
         cpu_only = (self.best_config.get("cluster") or {}).get("use_gpu") is False
         return "gloo" if cpu_only else None
 
@@ -66,7 +74,7 @@ class RunRecord:
     def world_size(self) -> int | None:
         workers = (self.best_config.get("cluster") or {}).get("num_workers")
         trained = self.summary.get("world_sizes") or [None]  # a training run's sizes, sorted
-        size = self.run_info.get("world_size") or workers or trained[-1]
+        size = self.run_info.world_size or workers or trained[-1]
         return int(size) if num(size) else None
 
     @property
@@ -105,84 +113,20 @@ def num(value: Any) -> float | None:
         return None
 
 
-@dataclass(frozen=True)
-class StepParts:
-    """Where one optimizer step's time went, for one configuration."""
-
-    label: str
-    step_time_s: float | None
-    data_s: float | None = None
-    compute_s: float | None = None
-    exposed_comm_s: float | None = None
-    optim_s: float | None = None
-    fwd_bwd_s: float | None = None
-    comm_fraction_given: float | None = None
-    data_fraction_given: float | None = None
-
-    @property
-    def comm_fraction(self) -> float | None:
-        """comm / (comm + compute): the share of the work the network holds up."""
-        if self.comm_fraction_given is not None:
-            return self.comm_fraction_given
-        return comm_fraction(self.exposed_comm_s, self.compute_s)
-
-    @property
-    def data_fraction(self) -> float | None:
-        if self.data_fraction_given is not None:
-            return self.data_fraction_given
-        if self.data_s is None or not self.step_time_s:
-            return None
-        return self.data_s / self.step_time_s
-
-
-def trial_step(row: dict[str, str], label: str) -> StepParts:
-    keys = ("step_time_s", "data_s", "compute_s", "exposed_comm_s", "optim_s", "fwd_bwd_s")
-    parts = {k: num(row.get(k)) for k in keys}
-    return StepParts(label, comm_fraction_given=num(row.get("comm_fraction")), **parts)
-
-
-def training_step(record: RunRecord) -> StepParts | None:
-    """Medians over the training run's logged steps; summary fractions win where given."""
-    if not record.progress and not record.summary:
-        return None
-    keys = ("step_time_s", "data_s", "compute_s", "exposed_comm_s", "optim_s", "fwd_bwd_s")
-    parts = {}
-    for key in keys:
-        values = [v for r in record.progress if (v := num(r.get(key))) is not None]
-        parts[key] = statistics.median(values) if values else None
-    label = (
-        f"training run (median of {len(record.progress)} logged steps)"
-        if record.progress
-        else "training run (summary.json)"
-    )
-    given = {
-        "comm_fraction_given": num(record.summary.get("comm_fraction")),
-        "data_fraction_given": num(record.summary.get("data_fraction")),
-    }
-    return StepParts(label, **parts, **given)
-
-
-def focus_step(record: RunRecord) -> StepParts | None:
-    """The configuration worth diagnosing: the training run, else the best trial, else baseline."""
-    trained = training_step(record)
-    if trained is not None and (trained.comm_fraction, trained.data_fraction) != (None, None):
-        return trained
-    best, base = record.best(), record.baseline()
-    if best is not None:
-        return trial_step(best, f"trial {best['number']} (best)")
-    return trial_step(base, "trial 0 (baseline)") if base is not None else None
-
+def _read_info(path: Path) -> RunInfo:
+    return RunInfo.from_mapping(read_mapping(path))
 
 
 _READERS: dict[str, tuple[str, Callable[[Path], Any]]] = {
-    "trials.csv": ("trials", read_csv),
-    "best.yaml": ("best_config", read_mapping),
-    "run_info.json": ("run_info", read_mapping),
-    "probe.csv": ("probe", read_csv),
-    "remeasure.csv": ("remeasure", read_csv),
-    "summary.json": ("summary", read_mapping),
-    "progress.csv": ("progress", read_csv),
+    TRIALS_CSV: ("trials", read_csv),
+    BEST_YAML: ("best_config", read_mapping),
+    RUN_INFO: ("run_info", _read_info),
+    PROBE_CSV: ("probe", read_csv),
+    REMEASURE_CSV: ("remeasure", read_csv),
+    SUMMARY_JSON: ("summary", read_mapping),
+    PROGRESS_CSV: ("progress", read_csv),
 }
+"""Which RunRecord field each file fills (grad_norms.csv is read where it is drawn)."""
 
 
 def collect(dirs: list[Path]) -> RunRecord:
@@ -207,17 +151,17 @@ def collect(dirs: list[Path]) -> RunRecord:
         end = header.index("samples_per_s") if "samples_per_s" in header else len(header)
         record.param_names = header[2:end]  # number, state, then the params (results.py)
     if record.best_config:  # results.py's header line names the trial it was written from
-        head = record.files["best.yaml"].read_text().partition("\n")[0]
+        head = record.files[BEST_YAML].read_text().partition("\n")[0]
         match = re.match(r"# commtune best configuration: trial (\d+)", head)
         record.best_number = int(match[1]) if match else None
-    record.topology = _recorded_topology(record.run_info.get("topology"))
+    record.topology = _recorded_topology(record.run_info.topology)
     return record
 
 
 def _recorded_topology(recorded: Any) -> dict[str, Any]:
     """The run's own topology when the driver kept it; else this machine's, said as such."""
     if isinstance(recorded, dict) and recorded:
-        return {"source": "run_info.json", **recorded}
+        return {"source": RUN_INFO, **recorded}
     if recorded:
-        return {"source": "run_info.json", "description": str(recorded)}
-    return {"source": "this machine at diagnosis time; run_info.json has none", **topology()}
+        return {"source": RUN_INFO, "description": str(recorded)}
+    return {"source": f"this machine at diagnosis time; {RUN_INFO} has none", **topology()}

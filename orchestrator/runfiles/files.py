@@ -1,9 +1,8 @@
-"""The run folder, in one place: which files a run holds, and how they are read and written.
+"""The run folder's files: their names, and how they are written and read.
 
-A search folder holds trials.csv, best.yaml, best.env, study.db, remeasure.csv, probe.csv,
-run_info.json and report.html; a training run folder holds summary.json, progress.csv and
-grad_norms.csv. Every command that writes or reads them goes through here, so a file's name
-and shape are decided once.
+Every name a run folder holds is a constant here; nothing else spells one. A search folder
+holds SEARCH_FILES (plus best.env, report.html and the probe's tuner file); a training run's
+folder holds TRAIN_FILES, beside the search's in a ``train`` subfolder or on its own.
 """
 
 from __future__ import annotations
@@ -22,18 +21,47 @@ from search_spaces._yaml import load_yaml, read_capped
 
 log = logging.getLogger("commtune")
 
-RUN_INFO = "run_info.json"
+TRIALS_CSV = "trials.csv"
+"""One row per trial: number, state, the params, then the measured columns (results.py)."""
+BEST_YAML = "best.yaml"
+"""The configuration to train with; its first line names the trial it was written from."""
+BEST_ENV = "best.env"
+"""best.yaml's environment variables as ``export`` lines, for a shell or a job spec."""
 STUDY_DB = "study.db"
 STUDY_JOURNAL = "study.journal"
 """The study on a network file system, where SQLite's locking is unreliable (storage.py)."""
+REMEASURE_CSV = "remeasure.csv"
+"""The finalists and the baseline re-measured, interleaved: the verdict's evidence."""
 PROBE_CSV = "probe.csv"
+RUN_INFO = "run_info.json"
+"""What a search records beyond its trials: ``RunInfo`` (info.py)."""
+REPORT_HTML = "report.html"
 TUNER_CONF = "nccl_tuner.conf"
 """The probe's per-size NCCL algorithm/protocol rules (``orchestrator.probe --tuner-conf``)."""
+SUMMARY_JSON = "summary.json"
+"""A training run's totals: steps, sizes it ran at, non-finite steps, fractions."""
+PROGRESS_CSV = "progress.csv"
+"""A training run's logged steps (PROGRESS_COLUMNS in train/runlog.py)."""
+GRAD_NORMS_CSV = "grad_norms.csv"
+"""Per-layer gradient norms of a training run's logged steps."""
+EVENTS_JSONL = "events.jsonl"
+"""A training run's events (starts, resizes, restarts, checkpoints), one JSON per line."""
+LAST_STEP = "last_step"
+"""The step a training run reached, written by its rank 0: what the driver's heartbeat shows."""
 SEARCH_FILES = (
-    "trials.csv", "best.yaml", STUDY_DB, STUDY_JOURNAL, "remeasure.csv", PROBE_CSV, RUN_INFO
+    TRIALS_CSV, BEST_YAML, STUDY_DB, STUDY_JOURNAL, REMEASURE_CSV, PROBE_CSV, RUN_INFO
 )  # fmt: skip
-TRAIN_FILES = ("summary.json", "progress.csv", "grad_norms.csv")
+TRAIN_FILES = (SUMMARY_JSON, PROGRESS_CSV, GRAD_NORMS_CSV)
 KNOWN_FILES = SEARCH_FILES + TRAIN_FILES
+"""The files that make a folder a run folder (the doctor and the report read these)."""
+WRITTEN_FILES = (*KNOWN_FILES, BEST_ENV, REPORT_HTML, TUNER_CONF, EVENTS_JSONL, LAST_STEP)
+"""Every file commtune writes into a run folder."""
+TRIALS_DIR = "trials"
+"""Each search group's TorchTrainer run state (``storage_dir``)."""
+TRAIN_DIR = "train"
+"""A training run kept beside the search that tuned it."""
+PROBE_DIR = "trainer"
+"""The probe's TorchTrainer run state inside its output folder."""
 TRAIN_RUN_NAME = "train"
 """Ray Train run name inside a training run's folder: a second start with it resumes it."""
 
@@ -48,17 +76,28 @@ def write_atomic(path: Path, text: str) -> None:
 
 def storage_dir(out_dir: Path) -> str:
     """Where each search group's TorchTrainer keeps its run state."""
-    return str((out_dir / "trials").resolve())
+    return str((out_dir / TRIALS_DIR).resolve())
 
 
 def run_files(folder: Path) -> dict[str, Path]:
     """The known files in ``folder`` or its ``train`` subfolder (a training run kept beside)."""
     found: dict[str, Path] = {}
-    for where in (folder, folder / "train"):
+    for where in (folder, folder / TRAIN_DIR):
         for name in KNOWN_FILES:
             if name not in found and (where / name).is_file():
                 found[name] = where / name
     return found
+
+
+def missing_dirs(dirs: list[Path]) -> list[str]:
+    """One line per DIR that is not a run folder: the commands that read one say which and
+    what was expected (exit 2)."""
+    return [
+        f"{d}: holds none of {', '.join(KNOWN_FILES)} (expected a search output folder such as "
+        "runs/<name>, or a training run folder)"
+        for d in dirs
+        if not run_files(d)
+    ]
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -73,28 +112,6 @@ def read_mapping(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"expected a mapping, got {type(data).__name__}")
     return data
-
-
-def read_run_info(out: Path) -> dict[str, Any]:
-    path = out / RUN_INFO
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def update_run_info(out: Path, values: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``values`` into run_info.json (the topology of this machine is added once);
-    returns the whole record."""
-    info = read_run_info(out)
-    info.setdefault("topology", topology())
-    info.update(values)
-    write_atomic(out / RUN_INFO, json.dumps(info, indent=1, default=str))
-    return info
-
-
-def add_search_wall(out: Path, wall_s: float) -> None:
-    """Add a search's wall-clock (from its first trial's start to its last's end; a resumed
-    search adds its own) to run_info.json, for the measured share of search time."""
-    info = read_run_info(out)
-    update_run_info(out, {"search_wall_s": info.get("search_wall_s", 0.0) + wall_s})
 
 
 def read_probe(out: Path) -> list[dict[str, str]] | None:

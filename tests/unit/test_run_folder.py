@@ -1,0 +1,122 @@
+"""The run folder is one module's: no other product module spells a run file's name or a
+run_info.json key, and run_info.json reads back as the typed record it was written from.
+
+Docstrings may name files (they document); tests may too (they check the names a user sees).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+from orchestrator.runfiles import (
+    RUN_INFO,
+    WRITTEN_FILES,
+    RunInfo,
+    add_search_wall,
+    collect,
+    read_run_info,
+    update_run_info,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("orchestrator", "train_fns", "search_spaces", "benchmarks", "examples")
+OWNER = ROOT / "orchestrator" / "runfiles"
+INFO_KEYS = {f.name for f in dataclasses.fields(RunInfo)}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (module, class, function, attribute)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for stmt in body:
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                found.add(id(stmt.value))
+    return found
+
+
+def _product_files() -> list[Path]:
+    files = [p for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py")]
+    return [p for p in files if OWNER not in p.parents]
+
+
+def _spelt_names(path: Path, root: Path = ROOT) -> list[str]:
+    """Each string (not a docstring) in ``path`` that holds a run file's name."""
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found += [f"{path.relative_to(root)}:{node.lineno} {name}"
+                      for name in WRITTEN_FILES if name in node.value]  # fmt: skip
+    return found
+
+
+def _info_keys_read(path: Path, root: Path = ROOT) -> list[str]:
+    """``<something info>["key"]`` or ``<something info>.get("key")`` with a run_info key."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        target, key = None, None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target, key = node.value, node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and node.args
+              and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+            target, key = node.func.value, node.args[0].value
+        if key in INFO_KEYS and "info" in ast.unparse(target).lower():
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_but_runfiles_spells_a_run_file_name() -> None:
+    spelt = [hit for path in _product_files() for hit in _spelt_names(path)]
+    assert spelt == [], "use the constants of orchestrator.runfiles"
+
+
+def test_no_module_but_runfiles_reads_a_run_info_key_by_name() -> None:
+    read = [hit for path in _product_files() for hit in _info_keys_read(path)]
+    assert read == [], "read run_info through orchestrator.runfiles.RunInfo"
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    """Both scans fire on a module that does what they forbid (they are not vacuous)."""
+    bad = tmp_path / "bad.py"
+    lines = ['"""best.yaml in a docstring is fine."""', 'x = out / "best.yaml"',
+             'y = info["search_wall_s"]', 'z = run_info.get("backend")',
+             'w = cfg["backend"]']  # fmt: skip
+    bad.write_text("\n".join(lines) + "\n")
+    assert [h.split()[-1] for h in _spelt_names(bad, tmp_path)] == ["best.yaml"]
+    assert [h.split()[0] for h in _info_keys_read(bad, tmp_path)] == ["bad.py:3", "bad.py:4"]
+
+
+def test_run_info_round_trips_and_merges(tmp_path: Path) -> None:
+    update_run_info(tmp_path, RunInfo(backend="gloo", world_size=2, use_gpu=False))
+    info = update_run_info(tmp_path, RunInfo(grad_bytes=16e6, gpu_util=0.5))
+    add_search_wall(tmp_path, 10.0)
+    add_search_wall(tmp_path, 5.5)
+    read = read_run_info(tmp_path)
+    assert (info.backend, info.world_size, info.grad_bytes) == ("gloo", 2, 16e6)
+    assert (read.use_gpu, read.gpu_util, read.search_wall_s) == (False, 0.5, 15.5)
+    assert isinstance(read.topology, dict) and "cpu_count" in read.topology
+
+
+def test_a_hand_edited_run_info_reads_wrong_kinds_as_absent(tmp_path: Path) -> None:
+    """A string where a number belongs, a bool for a count, a key of another version: absent,
+    kept in the file, and the record built without an error."""
+    raw = {"world_size": "4", "num_nodes": True, "gpu_util": 93, "link": "nvlink-a100",
+           "future_key": [1, 2], "use_gpu": "yes", "memory_capacity_bytes": 2.0e9}  # fmt: skip
+    (tmp_path / RUN_INFO).write_text(json.dumps(raw))
+    info = read_run_info(tmp_path)
+    assert (info.world_size, info.num_nodes, info.use_gpu) == (None, None, None)
+    assert (info.gpu_util, info.link) == (93, "nvlink-a100")
+    capacity = info.memory_capacity_bytes
+    assert capacity == 2_000_000_000 and isinstance(capacity, int)
+    update_run_info(tmp_path, RunInfo(backend="nccl"))
+    assert json.loads((tmp_path / RUN_INFO).read_text())["future_key"] == [1, 2]
+    assert collect([tmp_path]).run_info.backend == "nccl"
