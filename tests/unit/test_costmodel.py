@@ -15,12 +15,15 @@ from orchestrator.costmodel import (
     bus_bandwidth,
     bytes_per_rank,
     collective_time,
+    comm_bound,
     comm_per_step,
     exposed_comm_s,
+    knob_traffic,
     latency_steps,
     predict_step_time,
     rank_candidates,
 )
+from train_fns.plan import DDPOptions, TrialPlan
 
 BERT = ModelSize.bert_large()
 S = 1_340_000_000  # 335e6 params x 4 bytes
@@ -211,3 +214,16 @@ def test_link_from_probe_rows() -> None:
     assert link.bandwidth_bytes_per_s == 1.25e9  # the largest all-reduce's bus bandwidth
     assert link.latency_s == pytest.approx(0.0002 / 2)  # ring on 2 ranks: 2 sequential steps
     assert link_from_probe(rows[:1]) is None
+
+
+def test_knobs_are_priced_in_one_place_with_the_plans_defaults() -> None:
+    """A ranking, the dry run and a trial's bound price the same bytes: the plan's bucket size
+    when none is sampled, FSDP's gathers in the precision's dtype."""
+    knobs = {"strategy": "fsdp", "accumulation_steps": 2}
+    plan = TrialPlan("bert-tiny", "mlm", 64, 16, 4, 2, 2, strategy="fsdp", precision="bf16")
+    bf16 = knob_traffic(knobs, ModelSize(10**8), 4, NET_100G, precision="bf16")
+    assert comm_bound(plan, 10**8, NET_100G)["comm_bound_s"] == bf16.comm_s
+    assert bf16.collectives[0].size_bytes == 2 * 10**8  # gathers in bf16, reductions in fp32
+    assert bf16.collectives[1].size_bytes == 4 * 10**8
+    ddp = knob_traffic({"bucket_cap_mb": None}, BERT, 4, NET_100G)
+    assert ddp.num_messages == -(-S // int(DDPOptions().bucket_cap_mb * 2**20)) == 52

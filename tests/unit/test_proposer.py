@@ -7,14 +7,16 @@ from typing import Any
 import optuna
 import pytest
 
-from orchestrator.config import SAMPLERS
+from orchestrator.config import SAMPLERS, load_config
 from orchestrator.costmodel import LINKS, ModelSize
+from orchestrator.search import estimate, pipeline
 from orchestrator.search.proposer import (
     Proposer,
     cost_model_seeds,
     make_sampler,
+    search_seeds,
 )
-from search_spaces import SearchContext, SearchSpace, load_spaces
+from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace, load_spaces
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -146,6 +148,29 @@ def test_cost_model_seeds_are_distinct_valid_points() -> None:
     for seed in seeds:
         assert space.from_optuna_params(space.optuna_params(seed)) == seed
         assert all(seed.get(k) == v for k, v in space.baseline().items() if k.startswith("NCCL"))
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_dry_run_ranks_what_the_search_seeds_from(
+    nodes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dry run once ranked a random sample while the search seeded from a grid slice: now
+    it ranks that slice, in the context the search builds, and marks the seeds it would run."""
+    import ray
+
+    config = load_config(None, "smoke", ["cluster.num_workers=4", "search.cost_model_seeds=4"])
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"GPU": 2}}] * nodes)
+    space = SearchSpace(load_spaces(config.search.spaces), pipeline.search_context(config, True))
+    size = ModelSize.bert_large()
+    dry = estimate.ranking(config, nodes, None, None, size)
+
+    def keys(points: list[dict[str, Any]]) -> list[str]:
+        return sorted(repr(sorted(space.optuna_params(p).items())) for p in points)
+
+    slice_ = space.grid_slice([n for n in space.param_names if n in PLAN_KNOBS])
+    assert keys([p for _, p in dry.ranked]) == keys(slice_) and dry.baseline == space.baseline()
+    seeds = search_seeds(space, size, config.workload.seq_len, config.search.cost_model_seeds)
+    assert dry.seeds == seeds and len(seeds) > 1
 
 
 def test_make_sampler() -> None:

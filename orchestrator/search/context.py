@@ -1,0 +1,40 @@
+"""The SearchContext a config conditions its search spaces on, and the spaces: built here.
+
+Callers differ only in what the config cannot say: the CLI checks the spaces before Ray on
+CPU workers of one node, the dry run prices them on GPUs over ``--nodes`` nodes, and the
+live search uses the cluster Ray found (``pipeline.search_context``).
+"""
+
+from __future__ import annotations
+
+from orchestrator.config import Config, ConfigError
+from orchestrator.session import backend_name
+from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+
+
+def context_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchContext:
+    """What the spaces are conditioned on: backend, world size, nodes, the global batch, and
+    what the config declares of the hardware, the precision and the model."""
+    return SearchContext(
+        backend=backend_name(use_gpu),
+        strategy_mode=config.strategy,
+        use_gpu=use_gpu,
+        world_size=config.cluster.num_workers,
+        num_nodes=num_nodes,
+        global_batch=config.workload.global_batch,
+        nvswitch=config.cluster.nvswitch,
+        unsafe_nccl=config.search.unsafe_nccl,
+        precision=config.workload.precision,
+        lossy=config.search.lossy,
+        unused_parameters=bool(config.workload.unused_parameters),
+    )
+
+
+def space_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchSpace:
+    """The config's search spaces on that context; a mistake in them (a missing strategy
+    space, a condition on an unknown name) is a ConfigError naming its key."""
+    try:
+        context = context_for(config, use_gpu, num_nodes)
+        return SearchSpace(load_spaces(config.search.spaces), context)
+    except SpaceError as e:
+        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
