@@ -14,7 +14,7 @@ from orchestrator.config import Config, WorkloadConfig
 from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.plans import plan_from_config
 from search_spaces import PLAN_KNOBS
-from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
+from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES, knob_defaults
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
 NOT_KNOBS = {
@@ -127,3 +127,11 @@ def _field(plan: TrialPlan, knob: str) -> object:
         if knob in _names(type(getattr(plan, group))):
             return getattr(getattr(plan, group), knob)
     return getattr(plan, knob)
+
+
+def test_every_knob_but_strategy_has_a_default_for_conditions() -> None:
+    """``knob_defaults`` (what a condition sees of a knob whose space is not loaded) is a fourth
+    list. ``strategy`` is the one knob without an entry: a condition reads it from the context
+    (the config's fixed ``strategy``, ``SearchContext.values``) or from the strategy space,
+    never from a default."""
+    assert set(knob_defaults()) == PLAN_KNOBS - {"strategy"}
