@@ -132,21 +132,6 @@ def collective_time(
     )
 
 
-def algo_bandwidth(size_bytes: float, time_s: float) -> float:
-    """nccl-tests' algbw: buffer size over time, whatever the collective."""
-    if not time_s > 0:
-        raise ValueError(f"time_s={time_s} must be > 0")
-    return size_bytes / time_s
-
-
-def bus_bandwidth(op: str, size_bytes: float, time_s: float, n: int) -> float:
-    """nccl-tests' busbw: algbw scaled to what each link carried, comparable across n.
-
-    all-reduce: algbw * 2(n - 1) / n; all-gather and reduce-scatter: algbw * (n - 1) / n.
-    """
-    return algo_bandwidth(size_bytes, time_s) * bus_factor(op, n)
-
-
 def bus_factor(op: str, n: int) -> float:
     """busbw / algbw for ``op`` on ``n`` ranks, so a probe can scale a measured algbw directly.
 

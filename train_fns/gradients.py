@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
 from train_fns.ranks import reduce_tensor
-
-_WRAPPERS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|module)\.")
+from train_fns.strategies import canonical_name
 
 
 def layer_of(name: str) -> str:
     """The layer a parameter belongs to: its name up to the first numbered block
     (``encoder.layer.3``), else its first two parts (``embeddings.word_embeddings``);
     wrapper prefixes (DDP's ``module.``, checkpoint wrappers) are dropped."""
-    parts = _WRAPPERS.sub("", name).split(".")
+    parts = canonical_name(name).split(".")
     for i, part in enumerate(parts[:-1]):
         if part.isdigit():
             return ".".join(parts[: i + 1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -123,8 +122,3 @@ def training_config(config: PretrainedConfig, task: str) -> PretrainedConfig:
     if getattr(config, "use_cache", None):
         config.use_cache = False  # training never reads a KV cache; building one costs memory
     return config
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters())

@@ -301,10 +301,6 @@ class TrialPlan:
     def total_steps(self) -> int:
         return self.warmup_steps + self.measure_steps
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
-
     def to_dict(self) -> dict[str, Any]:
         """A plain, picklable and JSON-able dict (what ``train_loop_config`` carries)."""
         return dataclasses.asdict(self)

@@ -199,13 +199,10 @@ def sync_gradients(model: nn.Module, plan: TrialPlan, enabled: bool) -> Iterator
         yield  # an unwrapped model has nothing to sync
 
 
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The user model under a DDP wrapper (FSDP2 wraps in place)."""
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def canonical_name(name: str) -> str:
-    """A parameter name without wrapper prefixes, equal across strategies."""
+    """A parameter name without wrapper prefixes (DDP's ``module.``, a checkpoint wrapper's;
+    FSDP2 wraps in place), equal across strategies: what a layer's gradient norm is filed
+    under, and what the distributed tests compare gradients by."""
     name = name.removeprefix("module.")
     return name.replace(CHECKPOINT_PREFIX, "")
 

@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import bus_bandwidth, bus_factor
+from orchestrator.costmodel import bus_factor
 from orchestrator.inputs import parse_env_items
 from orchestrator.probe import cli as probe
 from orchestrator.probe.cli import Table
@@ -71,8 +71,6 @@ def test_parse_ops() -> None:
 )
 def test_bus_bandwidth_hand_values(op: str, n: int, algbw: float, busbw: float) -> None:
     assert algbw * bus_factor(op, n) == busbw
-    # 10 GB in one second: the costmodel's bus_bandwidth and the probe's row agree.
-    assert bus_bandwidth(op, 10e9, 1.0, n) == busbw * 1e9
     row = with_busbw(make_row(op, 10_000_000_000, n, "gloo", 1.0, 5))
     assert (row["algbw_gbps"], row["busbw_gbps"]) == (algbw, busbw)
 
