@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from train_fns import metrics as m
 from train_fns.loop import run_training
@@ -59,6 +60,7 @@ def evaluate_plans(
                 send({"kind": WINDOW, "index": index, "window": len(windows)})
 
         status, reason, oom_step = m.COMPLETE, "", -1
+        groups = live_groups()
         try:
             if not run_training(plan, rank, world_size, device, on_window):
                 status = m.PRUNED
@@ -66,6 +68,7 @@ def evaluate_plans(
             status, reason, oom_step = m.OOM, str(e), getattr(e, "step", -1)
         free_start = time.perf_counter()
         free_memory(device)
+        release_groups(groups, device)
         send(
             {
                 "kind": END,
@@ -88,6 +91,23 @@ def free_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def live_groups() -> set[dist.ProcessGroup]:
+    """The process groups this process holds now (the default, the side group, meshes)."""
+    return set(dist.distributed_c10d._world.pg_map) if dist.is_initialized() else set()
+
+
+def release_groups(keep: set[dist.ProcessGroup], device: torch.device) -> None:
+    """Destroy the process groups a configuration made (an integer ``reshard_after_forward``
+    builds a mesh per ``fully_shard`` call, HSDP one per plan): on NCCL each holds a
+    communicator's buffers, hundreds of MB, so left alive they would make later plans measure
+    against leaked memory, and their peaks depend on the order of the plans."""
+    stale = live_groups() - keep
+    if stale and device.type == "cuda":
+        torch.cuda.synchronize(device)  # nothing of the plan still running on them
+    for group in stale:
+        dist.destroy_process_group(group)
 
 
 def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) -> str | None:

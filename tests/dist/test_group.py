@@ -99,3 +99,34 @@ def test_every_window_carries_its_measured_wall_clock(ends_by_rank: list[dict[st
         for window in ranks:
             assert window[m.WINDOW_WALL_S] >= window[m.STEP_TIME_S] > 0
             assert window[m.GLOBAL_STEP_TIME_S] == pytest.approx(slowest)
+
+
+def _groups_per_plan(rank: int, world_size: int, plans: list[dict]) -> list[int]:
+    """The live process groups at the end of each plan, on 4 ranks posing as 2 nodes."""
+    import os
+
+    from train_fns.group import live_groups
+
+    os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = "2", str(rank % 2)
+    queue = iter([TrialPlan.from_dict(p) for p in plans])
+    counts: list[int] = []
+
+    def send(message: dict) -> None:
+        if message["kind"] == END:
+            counts.append(len(live_groups()))
+
+    evaluate_plans(lambda: next(queue, None), rank, world_size, CPU, send)
+    return counts
+
+
+def test_a_plans_process_groups_do_not_outlive_it() -> None:
+    """An integer reshard builds a mesh per fully_shard call and HSDP one per plan; on NCCL
+    each is a communicator with its buffers. The count stays flat from plan to plan."""
+    from train_fns.plan import FSDPOptions
+
+    steps = {"warmup_steps": 1, "measure_steps": 1, "num_windows": 1, "world_size": 4}
+    reshard = tiny_plan(strategy="fsdp", fsdp=FSDPOptions(reshard_after_forward=2), **steps)
+    hsdp = tiny_plan(strategy="fsdp", fsdp=FSDPOptions(hsdp=True), **steps)
+    plans = [p.to_dict() for p in (tiny_plan(**steps), reshard, hsdp, reshard, tiny_plan(**steps))]
+    counts = run_distributed(_groups_per_plan, plans, world_size=4, timeout_s=300.0)[0]
+    assert len(counts) == len(plans) and len(set(counts)) == 1, counts
