@@ -30,7 +30,7 @@ GPU_CV = 0.03
 """Run-to-run spread assumed for GPU trials (steadier than the CPU machine's)."""
 CPU_RUN_CV = 0.05
 """Floor on the CPU demo's noise: repeated baselines on the 2-core machine spread by about
-5% (orchestrator/outcome.py MIN_NOISE), more than one trial's windows show."""
+5% (orchestrator/search/outcome.py MIN_NOISE), more than one trial's windows show."""
 BERT_MINI = ModelSize(11_200_000, 4, "bert-mini")
 """bert-mini (hidden 256, 4 blocks, BERT vocabulary): about 11.2M parameters."""
 

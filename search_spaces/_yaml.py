@@ -95,8 +95,8 @@ def load_yaml(text: str) -> Any:
 def read_capped(path: Path, limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``limit`` bytes.
 
-    Raises OSError (missing, unreadable, a folder) or ValueError (too large, not a regular
-    file such as a FIFO or /dev/zero that would block or never end, not UTF-8).
+    Raises OSError (missing, unreadable) or ValueError (not a regular file: a folder, or a
+    FIFO or /dev/zero that would block or never end; too large; not UTF-8).
     """
     if not stat.S_ISREG(path.stat().st_mode):  # before open(): opening a FIFO blocks
         raise ValueError(f"{path} is not a regular file")
