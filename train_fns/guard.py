@@ -17,6 +17,7 @@ of the first step, as a corrupting transport would: the step is not slower, only
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,12 +65,42 @@ def guarded_steps(warmup_steps: int) -> int:
     return max(1, warmup_steps - 1)
 
 
+def layouts(world_size: int) -> tuple[int, ...]:
+    """The shard counts a gradient may be split into: every rank (FSDP), and a node's ranks
+    (HSDP shards within a node) where several nodes hold several ranks each."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return tuple(sorted({world_size} | ({local} if 1 < local < world_size else set())))
+
+
+def shard_squares(grad: Tensor, count: int, device: torch.device) -> Tensor:
+    """The squares of each of ``count`` dim-0 chunks of a full gradient, as FSDP2 chunks it
+    (``torch.chunk``: ceil-sized, the last ones short or empty)."""
+    rows = grad.detach().double().pow(2).reshape(grad.shape[0] if grad.dim() else 1, -1).sum(1)
+    size = -(-rows.numel() // count)  # ceil
+    index = torch.arange(rows.numel(), device=rows.device) // size
+    return torch.zeros(count, dtype=torch.float64, device=device).index_add_(0, index, rows)
+
+
+def _shard_of(grad: Tensor) -> tuple[int, int]:
+    """(shard count, this rank's shard index) of a sharded DTensor gradient."""
+    mesh = grad.device_mesh
+    dim = next(i for i, p in enumerate(grad.placements) if p.is_shard())
+    return mesh.size(dim), mesh.get_local_rank(dim)
+
+
 @dataclass
 class Guard:
-    """The warm-up steps' losses and gradient norms, kept on the device until the end."""
+    """The warm-up steps' losses and gradient norms, kept on the device until the end.
+
+    Beside the global norm, each shard's: under FSDP a corrupt rank moves the global norm by
+    about 1/N of its own change (below bf16's tolerance from 13 ranks on), but its own shard's
+    norm by all of it. Sharded gradients give their shard; full (replicated) ones give every
+    chunk of each layout FSDP or HSDP could shard them into, so a DDP baseline has the figure
+    each FSDP candidate's shard is judged against."""
 
     losses: list[Tensor] = field(default_factory=list)
     squares: list[Tensor] = field(default_factory=list)
+    shards: list[dict[int, Tensor]] = field(default_factory=list)
     sharded: bool = False
 
     def after_backward(self, runner: Any) -> None:
@@ -79,26 +110,46 @@ class Guard:
         if not self.squares and runner.fault == "corrupt":
             corrupt_gradients(model)
         self.sharded = self.sharded or _sharded(model)
-        total = torch.zeros((), dtype=torch.float64, device=runner.device)
+        device = runner.device
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        shards: dict[int, Tensor] = {}
         for p in model.parameters():
-            if p.grad is not None:
-                total += _local(p.grad).detach().double().pow(2).sum() / _replicas(p.grad)
+            if p.grad is None:
+                continue
+            local = _local(p.grad).detach().double().pow(2).sum() / _replicas(p.grad)
+            total += local
+            if hasattr(p.grad, "to_local"):
+                count, index = _shard_of(p.grad)
+                vec = shards.setdefault(count, torch.zeros(count, dtype=torch.float64,
+                                                           device=device))  # fmt: skip
+                vec[index] += local
+            else:
+                for count in layouts(runner.plan.world_size):
+                    chunk = shard_squares(p.grad, count, device)
+                    shards[count] = shards[count] + chunk if count in shards else chunk
         # fp16: the gradients are still multiplied by GradScaler's scale (2^16 at first), so
         # the norm is judged unscaled; a step whose scaled gradients overflowed stays inf, the
         # step GradScaler skips, and the driver compares it as such (correctness.check).
         scale = runner.precision.loss_scale() or 1.0  # a host sync: warm-up is never timed
         self.squares.append(total / scale**2)
+        self.shards.append({count: vec / scale**2 for count, vec in shards.items()})
 
     def record_loss(self, loss: Tensor) -> None:
         self.losses.append(loss.detach().double())
 
-    def figures(self) -> dict[str, list[float]]:
+    def figures(self) -> dict[str, Any]:
         """Global figures; every rank calls this at the same step (collectives). Losses are
         the mean over ranks; a sharded gradient's squares add up over ranks (each shard once),
         a replicated one should be equal on every rank, so the largest rank's norm is taken
         (a rank whose gradients were corrupted after the all-reduce shows there)."""
         if not self.losses:
-            return {"losses": [], "grad_norms": []}
+            return {"losses": [], "grad_norms": [], "shard_norms": {}}
+        op = "sum" if self.sharded else "max"
         losses = reduce_tensor(torch.stack(self.losses), "mean")  # over gloo: any NCCL_ALGO
-        squares = reduce_tensor(torch.stack(self.squares), "sum" if self.sharded else "max")
-        return {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist()}
+        squares = reduce_tensor(torch.stack(self.squares), op)
+        shard_norms = {}
+        for count in sorted(set().union(*self.shards)):  # the same layouts every step
+            steps = torch.stack([step[count] for step in self.shards])
+            shard_norms[str(count)] = reduce_tensor(steps, op).sqrt().tolist()
+        return {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist(),
+                "shard_norms": shard_norms}  # fmt: skip

@@ -33,6 +33,7 @@ fault, which the test checks is caught at every tolerance here.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 TOLERANCES = {"fp32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
@@ -57,18 +58,32 @@ def relative_gap(a: float, b: float) -> float:
 def check(base: dict[str, Any], got: dict[str, Any], tolerance: float = TOLERANCE) -> str | None:
     """Why ``got`` did not compute what the baseline did (the evidence for the trial's reason),
     or None. Both are ``train_fns.guard`` figures over the same warm-up steps."""
-    for key, label in (("grad_norms", "grad norm"), ("losses", "loss")):
-        pairs = list(zip(base.get(key) or [], got.get(key) or [], strict=False))
-        for step, (b, g) in enumerate(pairs):
-            if key == "grad_norms" and not math.isfinite(b) and not math.isfinite(g):
-                continue  # fp16: both overflowed at this loss scale, a step GradScaler skips
-            if not relative_gap(g, b) <= tolerance:  # NaN fails too
-                return (
-                    f"warm-up step {step} {label} {g:.6g} vs the baseline's {b:.6g} "
-                    f"(relative difference {relative_gap(g, b):.2e} > tolerance {tolerance:g}); "
-                    "an exact knob must compute the same up to summation order"
-                )
+    for what, b, g, gradient in _figures(base, got):
+        if gradient and not math.isfinite(b) and not math.isfinite(g):
+            continue  # fp16: both overflowed at this loss scale, a step GradScaler skips
+        if not relative_gap(g, b) <= tolerance:  # NaN fails too
+            return (
+                f"warm-up step {what} {g:.6g} vs the baseline's {b:.6g} "
+                f"(relative difference {relative_gap(g, b):.2e} > tolerance {tolerance:g}); "
+                "an exact knob must compute the same up to summation order"
+            )
     return None
+
+
+def _figures(base: dict[str, Any], got: dict[str, Any]) -> Iterator[tuple[str, float, float, bool]]:
+    """(what, the baseline's, got's, whether a gradient figure) for every figure both sides
+    recorded: the gradient norm and the loss of each step, then each shard's norm in every
+    layout both recorded (one corrupt rank of N moves the global norm by 1/N of what it moves
+    its own shard's)."""
+    for key, label, gradient in (("grad_norms", "grad norm", True), ("losses", "loss", False)):
+        for step, (b, g) in enumerate(zip(base.get(key) or [], got.get(key) or [], strict=False)):
+            yield f"{step} {label}", b, g, gradient
+    shared = set(base.get("shard_norms") or {}) & set(got.get("shard_norms") or {})
+    for count in sorted(shared, key=int):
+        steps = zip(base["shard_norms"][count], got["shard_norms"][count], strict=False)
+        for step, (b, g) in enumerate(steps):
+            for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
+                yield f"{step} shard {index} of {count} grad norm", bs, gs, True
 
 
 def tolerance_for(plan: Any) -> float:

@@ -12,7 +12,7 @@ from torch import nn
 
 from orchestrator.search.correctness import check
 from orchestrator.search.group_run import WARM_WARMUP_STEPS
-from train_fns.guard import Guard, guarded_steps
+from train_fns.guard import Guard, guarded_steps, shard_squares
 
 INF = math.inf
 
@@ -22,7 +22,7 @@ def _runner(scale: float | None, grad: float) -> SimpleNamespace:
     model.weight.grad = torch.full((1, 1), grad)
     precision = SimpleNamespace(loss_scale=lambda: scale)
     return SimpleNamespace(model=model, fault=None, device=torch.device("cpu"),
-                           precision=precision)  # fmt: skip
+                           precision=precision, plan=SimpleNamespace(world_size=1))  # fmt: skip
 
 
 def test_the_norm_is_judged_unscaled() -> None:
@@ -57,3 +57,29 @@ def test_a_warm_plan_guards_a_step_after_an_update() -> None:
     assert guarded_steps(WARM_WARMUP_STEPS) >= 2
     assert WARM_WARMUP_STEPS - guarded_steps(WARM_WARMUP_STEPS) == 1  # the last: dropout on
     assert guarded_steps(1) == 1 and guarded_steps(0) == 1
+
+
+def test_a_full_gradient_is_chunked_as_fsdp2_shards_it() -> None:
+    """A DDP baseline's shard figures are the squares of torch.chunk's dim-0 chunks, the
+    pieces FSDP2's Shard(0) gives each rank (ceil-sized; short or empty at the end)."""
+    grad = torch.arange(30, dtype=torch.float32).reshape(10, 3)
+    got = shard_squares(grad, 4, torch.device("cpu"))
+    want = [float(c.double().pow(2).sum()) for c in torch.chunk(grad, 4, dim=0)]
+    assert got.tolist() == want and len(torch.chunk(grad, 4)) == 4
+    assert shard_squares(torch.ones(2, 2), 4, torch.device("cpu")).tolist() == [2, 2, 0, 0]
+
+
+def test_one_corrupt_shard_of_sixteen_is_caught_where_the_global_norm_hides_it() -> None:
+    """One rank's shard 12% off (the injected fault's size) moves the norm of 16 equal
+    shards by under 1%: inside bf16's 1e-2, so only the shard's own figure catches it."""
+    base_shards = [[1.0] * 16]
+    bad = [[1.0] * 15 + [1.12]]
+    global_base = [math.sqrt(sum(x * x for x in base_shards[0]))]
+    global_bad = [math.sqrt(sum(x * x for x in bad[0]))]
+    base = {"losses": [2.0], "grad_norms": global_base, "shard_norms": {"16": base_shards}}
+    got = {"losses": [2.0], "grad_norms": global_bad, "shard_norms": {"16": bad}}
+    assert check({**base, "shard_norms": {}}, {**got, "shard_norms": {}}, 1e-2) is None
+    reason = check(base, got, 1e-2)
+    assert reason is not None and "shard 15 of 16" in reason
+    other_layout = {**got, "shard_norms": {"8": [[1.0] * 8]}}
+    assert check(base, other_layout, 1e-2) is None  # no layout in common: the global norm
