@@ -18,6 +18,7 @@ are compared with care (re-measurement runs one group at a time).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -99,6 +100,14 @@ class Layout:
     pinned: tuple[str, ...] = ()
     allowed: tuple[str, ...] = ()
     """The nodes the group may use (concurrency above 1); empty: any."""
+
+    def ranks_per_node(self, world: int) -> list[int]:
+        """How many of the ``world`` ranks each node it uses holds, most first."""
+        if self.strategy == "STRICT_PACK":
+            return [world]
+        if self.strategy == "STRICT_SPREAD":
+            return [1] * world
+        return sorted(Counter(self.pinned).values(), reverse=True)
 
     def scaling(self) -> dict[str, Any]:
         """ScalingConfig arguments that place the group so."""

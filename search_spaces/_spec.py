@@ -26,6 +26,7 @@ CONTEXT_DOMAINS: dict[str, Any] = {
     "global_batch": int,
     "per_worker_batch": int,
     "workers_per_node": int,
+    "even_nodes": bool,
     "nvswitch": bool,
     "unsafe_nccl": bool,
     "precision": ("fp32", "bf16", "fp16"),
@@ -86,6 +87,9 @@ class SearchContext:
     unused_parameters: bool = False
     """The model leaves parameters without a gradient in some steps (workload.unused_parameters,
     declared or found on the driver): DDP must find them in every plan."""
+    even_nodes: bool = True
+    """Every node of a group holds as many workers (HSDP needs it: 8 + 6 cannot be a 2-D
+    mesh); False where the placement fills nodes unevenly."""
 
     def __post_init__(self) -> None:
         for field in ("backend", "strategy_mode", "precision"):

@@ -12,9 +12,12 @@ from orchestrator.session import backend_name
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
 
-def context_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchContext:
-    """What the spaces are conditioned on: backend, world size, nodes, the global batch, and
-    what the config declares of the hardware, the precision and the model."""
+def context_for(
+    config: Config, use_gpu: bool, num_nodes: int, even_nodes: bool = True
+) -> SearchContext:
+    """What the spaces are conditioned on: backend, world size, the nodes a group spans and
+    whether they hold as many workers each, the global batch, and what the config declares of
+    the hardware, the precision and the model."""
     return SearchContext(
         backend=backend_name(use_gpu),
         strategy_mode=config.strategy,
@@ -27,6 +30,7 @@ def context_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchContext:
         precision=config.workload.precision,
         lossy=config.search.lossy,
         unused_parameters=bool(config.workload.unused_parameters),
+        even_nodes=even_nodes,
     )
 
 

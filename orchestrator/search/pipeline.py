@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 
 from orchestrator.config import Config, ConfigError, SearchConfig
+from orchestrator.placement import PlacementError, layout_for
 from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
@@ -49,15 +50,24 @@ NOT_RUN_WHY = "queued, but the search ended (its time budget) before it ran; --r
 
 
 def search_context(config: Config, use_gpu: bool) -> SearchContext:
-    """What the spaces are conditioned on (``context.context_for``), on the cluster Ray
-    found: the workers span the nodes alive (those with a GPU, for GPU workers), at most one
-    node per worker."""
+    """What the spaces are conditioned on (``context.context_for``): the nodes a group of
+    ``cluster.num_workers`` lands on under ``cluster.placement``, not the cluster's count (a
+    packed group on one node of a larger cluster gets no multi-node knob, NVLSTree, PAT or
+    HSDP). On a cluster that grows on demand, where the placement is not known yet, the
+    workers span the nodes alive (those with a GPU), at most one node per worker."""
     import ray
 
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    if use_gpu:
-        alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-    return context_for(config, use_gpu, max(1, min(len(alive), config.cluster.num_workers)))
+    cluster, nodes = config.cluster, ray.nodes()
+    try:
+        layout = layout_for(nodes, None, cluster.num_workers, cluster.cpus_per_worker, use_gpu,
+                            cluster.placement)  # fmt: skip
+    except PlacementError:  # autoscaling: the nodes it will place on are not up yet
+        alive = [n for n in nodes if n.get("Alive")]
+        if use_gpu:
+            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
+        return context_for(config, use_gpu, max(1, min(len(alive), cluster.num_workers)))
+    counts = layout.ranks_per_node(cluster.num_workers)
+    return context_for(config, use_gpu, len(counts), even_nodes=len(set(counts)) == 1)
 
 
 def run_search(

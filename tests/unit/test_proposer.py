@@ -159,7 +159,9 @@ def test_the_dry_run_ranks_what_the_search_seeds_from(
     import ray
 
     config = load_config(None, "smoke", ["cluster.num_workers=4", "search.cost_model_seeds=4"])
-    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"GPU": 2}}] * nodes)
+    fake = [{"Alive": True, "NodeID": f"n{i}", "Resources": {"GPU": 2, "CPU": 8}}
+            for i in range(nodes)]  # fmt: skip
+    monkeypatch.setattr(ray, "nodes", lambda: fake)
     space = SearchSpace(load_spaces(config.search.spaces), pipeline.search_context(config, True))
     size = ModelSize.bert_large()
     dry = estimate.ranking(config, nodes, None, None, size)
