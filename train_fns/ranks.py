@@ -9,7 +9,9 @@ and therefore invisible to CPU tests (tests/dist guard this rule, see tests/dist
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import socket
+from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +43,7 @@ def side_group() -> dist.ProcessGroup | None:
         return None
     world = dist.group.WORLD
     if not _SIDE_GROUP or _SIDE_GROUP[0] is not world:
+        route_gloo(os.environ, [name for _, name in socket.if_nameindex()])
         timeout = timedelta(seconds=SIDE_TIMEOUT_S)
         _SIDE_GROUP[:] = [(world, dist.new_group(backend="gloo", timeout=timeout))]
     return _SIDE_GROUP[0][1]
@@ -52,6 +55,35 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     if dist.is_initialized() and dist.get_backend(group) == dist.Backend.NCCL:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def matching_interfaces(spec: str, names: list[str]) -> list[str]:
+    """The interfaces of ``names`` that NCCL_SOCKET_IFNAME's ``spec`` selects, by NCCL's
+    grammar: a comma list of name prefixes, ``=`` before it for exact names, ``^`` to
+    exclude instead of select."""
+    exclude, spec = spec.startswith("^"), spec.removeprefix("^")
+    exact, spec = spec.startswith("="), spec.removeprefix("=")
+    wanted = [w for w in spec.split(",") if w]
+    hit = [n for n in names if any(n == w if exact else n.startswith(w) for w in wanted)]
+    return [n for n in names if n not in hit] if exclude else hit
+
+
+def route_gloo(environ: MutableMapping[str, str], names: list[str]) -> str | None:
+    """Point gloo at the interfaces NCCL was told to use: the side group's gloo otherwise picks
+    its own (the hostname's), which on EFA or InfiniBand nodes may not route between them.
+    Sets GLOO_SOCKET_IFNAME (unless already set) and returns it; says in one line when
+    NCCL_SOCKET_IFNAME names no interface of this node (gloo then picks its own)."""
+    spec = environ.get("NCCL_SOCKET_IFNAME")
+    if not spec or environ.get("GLOO_SOCKET_IFNAME"):
+        return environ.get("GLOO_SOCKET_IFNAME")
+    chosen = matching_interfaces(spec, names) or None
+    if chosen is None:
+        print(f"commtune: NCCL_SOCKET_IFNAME={spec} matches no interface of this node "
+              f"({', '.join(names)}); gloo picks its own for commtune's side group, which may "
+              "not route between nodes: set GLOO_SOCKET_IFNAME", flush=True)  # fmt: skip
+        return None
+    environ["GLOO_SOCKET_IFNAME"] = ",".join(chosen)
+    return environ["GLOO_SOCKET_IFNAME"]
 
 
 def reduce_over_ranks(values: Sequence[float], op: str = "mean") -> list[float]:
