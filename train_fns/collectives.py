@@ -26,6 +26,8 @@ DTYPE_BYTES = 4
 """float32: the gradients' dtype in the default fp32 workload."""
 MIN_ITERS = 3
 """Timed iterations even for the largest sizes: a median needs a few."""
+ROUNDS = 5
+"""Timed loops per op and size: the figure is the median of their per-call times."""
 BUDGET_S = 0.5
 """Seconds of timed iterations per op and size: iterations are cut to fit, so a default sweep
 on CPU workers stays under a minute while small messages still get ``iters`` samples."""
@@ -73,18 +75,28 @@ def _collective(op: str, size_bytes: int, device: torch.device) -> Callable[[], 
     return lambda: _REDUCE_SCATTER(scattered, inp)
 
 
-def _timed(call: Callable[[], None], device: torch.device) -> float:
-    """Seconds of one call on this rank, started after a barrier; CUDA work waited for."""
+def _timed(call: Callable[[], None], device: torch.device, calls: int = 1) -> float:
+    """Seconds per call of ``calls`` back-to-back calls on this rank, started after a barrier.
+
+    On CUDA the loop is timed by two events on the stream, as nccl-tests does: a host clock
+    around each call would add 10-30 us of launch and synchronisation to every message, most
+    of the time of anything under about 1 MB (and of the fitted latency)."""
     # NCCL's barrier names the GPU: left to guess it takes rank % visible GPUs, wrong on an
     # uneven layout (8 + 6), and the probe hangs
     dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        return (time.perf_counter() - start) / calls
+    torch.cuda.synchronize(device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / calls
 
 
 def _slowest(times_s: list[float]) -> list[float]:
@@ -113,10 +125,12 @@ def measure(
     estimate_s = _slowest([_timed(call, device)])[0]
     more = min(warmup - 1, int(budget_s / 4 / max(estimate_s, 1e-9)))
     if more > 0:
-        estimate_s = _slowest([_timed(call, device) for _ in range(more)])[-1]
+        estimate_s = _slowest([_timed(call, device, more)])[0]
     count = num_timed_iters(estimate_s, iters, budget_s)
-    times_s = _slowest([_timed(call, device) for _ in range(count)])
-    return statistics.median(times_s), count
+    rounds = min(ROUNDS, count)  # a median over rounds, each a loop of back-to-back calls
+    per_round = count // rounds
+    times_s = _slowest([_timed(call, device, per_round) for _ in range(rounds)])
+    return statistics.median(times_s), rounds * per_round
 
 
 def make_row(
