@@ -32,6 +32,8 @@ from orchestrator.runfiles import BEST_YAML, PROBE_CSV, PROBE_DIR, TUNER_CONF
 from orchestrator.session import check_ray_address, resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
+MIN_WORKERS = 2
+"""A collective between fewer ranks moves nothing: the probe would report busbw 0."""
 
 
 class Table:
@@ -96,15 +98,22 @@ def prepare(args: argparse.Namespace) -> tuple[Config, ProbeSettings]:
     sizes = tuple(parse_sizes(args.sizes)) if args.sizes is not None else None
     settings = ProbeSettings(sizes, parse_ops(args.ops), args.iters, args.warmup)
     env = parse_env_items(args.env, "--env")
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", f"got {args.workers}; it must be at least 1")
+    if args.workers is not None and args.workers < MIN_WORKERS:
+        raise ConfigError("--workers", _too_few(args.workers))
     check_out_dir(Path(args.out))
     if args.tuner_conf and args.backend == "gloo":
         raise ConfigError("--tuner-conf", "the tuner file is NCCL's; drop --backend gloo")
     base = load_config(args.config) if args.config else Config()
     config = probe_config(base, args.workers, args.address, args.backend, env)
+    if config.cluster.num_workers < MIN_WORKERS:  # from the --config (or a default of 1)
+        raise ConfigError("cluster.num_workers", _too_few(config.cluster.num_workers))
     check_ray_address(config, "--address" if args.address else "cluster.address")
     return config, settings
+
+
+def _too_few(workers: int) -> str:
+    return (f"got {workers}; a probe times collectives between workers, so it needs 2 or more "
+            "(one worker moves nothing: busbw 0); pass --workers 2 or more")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -183,3 +183,28 @@ def test_cli_usage_errors_exit_2_before_ray(monkeypatch, capsys, argv: list[str]
     assert probe.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"commtune: error: {key}: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "config_workers", "key"),
+    [(["--workers", "1"], None, "--workers"), ([], 1, "cluster.num_workers")],
+)
+def test_one_worker_is_refused_before_ray(
+    monkeypatch, capsys, tmp_path, argv: list[str], config_workers: int | None, key: str
+) -> None:
+    """One worker has no one to exchange with: every collective moves nothing and busbw came
+    out 0. Refused with the flag (or the --config key) that set it, before Ray starts."""
+
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Ray must not start on a usage error")
+
+    monkeypatch.setattr(probe, "run_probe", no_ray)
+    monkeypatch.setattr(probe, "start_ray", no_ray)
+    if config_workers is not None:
+        config = tmp_path / "one.yaml"
+        config.write_text(f"cluster:\n  num_workers: {config_workers}\n")
+        argv = [*argv, "--config", str(config)]
+    assert probe.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"commtune: error: {key}: "), err
+    assert "2 or more" in err[0] and "--workers 2" in err[0]
