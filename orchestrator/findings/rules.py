@@ -130,7 +130,7 @@ def rule_comm_fraction(record: RunRecord) -> Finding | None:
         "high" if frac > 0.6 else "medium",
         f"communication takes {_pct(frac)} of compute + communication",
         f"{step.label}: {parts}comm / (comm + compute) = {_pct(frac)} "
-        f"(threshold {_pct(COMM_FRACTION_MAX)})",
+        f"(threshold {_pct(COMM_FRACTION_MAX)}; exposed comm measures {step.comm_scope})",
         "hide the sync behind backward or make it cheaper: at a fixed global batch there is one "
         "sync per step whatever the split, so prefer fewer accumulation steps (larger "
         "micro-batches give backward more time to overlap it) as memory allows, raise DDP "

@@ -11,10 +11,22 @@ from dataclasses import dataclass
 from orchestrator.runfiles import SUMMARY_JSON, RunRecord, num
 from train_fns.commsplit import comm_fraction
 
+FSDP_SCOPE = (
+    "FSDP: the gradient reduce-scatter only; the parameter all-gathers run in the no-sync "
+    "reference too, so they count as compute and the exposed figure is a lower bound"
+)
+"""What exposed communication measures under FSDP (under DDP: the gradient all-reduce)."""
+
 
 @dataclass(frozen=True)
 class StepParts:
-    """Where one optimizer step's time went, for one configuration."""
+    """Where one optimizer step's time went, for one configuration.
+
+    The phases (data, forward + backward, optimizer, and the exposed communication split out
+    of forward + backward) come from each window's profiled step; the step time is the
+    window's mean per step, unprofiled steps included; the report draws their difference as
+    "other". Exposed communication is the syncing micro-step minus one without sync: under
+    FSDP that leaves the all-gathers in compute (``comm_scope``)."""
 
     label: str
     step_time_s: float | None
@@ -25,6 +37,13 @@ class StepParts:
     fwd_bwd_s: float | None = None
     comm_fraction_given: float | None = None
     data_fraction_given: float | None = None
+    sharded: bool = False
+    """FSDP/HSDP: see ``comm_scope``."""
+
+    @property
+    def comm_scope(self) -> str:
+        """What the exposed communication figure measures, said beside it."""
+        return FSDP_SCOPE if self.sharded else "DDP: the gradient all-reduce"
 
     @property
     def comm_fraction(self) -> float | None:
@@ -42,10 +61,17 @@ class StepParts:
         return self.data_s / self.step_time_s
 
 
-def trial_step(row: dict[str, str], label: str) -> StepParts:
+def _sharded(record: RunRecord, row: dict[str, str] | None = None) -> bool:
+    """Whether the configuration ran FSDP: its trial's sampled strategy, else best.yaml's."""
+    strategy = (row or {}).get("strategy") or record.best_config.get("strategy")
+    return strategy == "fsdp"
+
+
+def trial_step(row: dict[str, str], label: str, record: RunRecord) -> StepParts:
     keys = ("step_time_s", "data_s", "compute_s", "exposed_comm_s", "optim_s", "fwd_bwd_s")
     parts = {k: num(row.get(k)) for k in keys}
-    return StepParts(label, comm_fraction_given=num(row.get("comm_fraction")), **parts)
+    return StepParts(label, comm_fraction_given=num(row.get("comm_fraction")),
+                     sharded=_sharded(record, row), **parts)  # fmt: skip
 
 
 def training_step(record: RunRecord) -> StepParts | None:
@@ -66,7 +92,7 @@ def training_step(record: RunRecord) -> StepParts | None:
         "comm_fraction_given": num(record.summary.get("comm_fraction")),
         "data_fraction_given": num(record.summary.get("data_fraction")),
     }
-    return StepParts(label, **parts, **given)
+    return StepParts(label, **parts, **given, sharded=_sharded(record))
 
 
 def focus_step(record: RunRecord) -> StepParts | None:
@@ -76,5 +102,5 @@ def focus_step(record: RunRecord) -> StepParts | None:
         return trained
     best, base = record.best(), record.baseline()
     if best is not None:
-        return trial_step(best, f"trial {best['number']} (best)")
-    return trial_step(base, "trial 0 (baseline)") if base is not None else None
+        return trial_step(best, f"trial {best['number']} (best)", record)
+    return trial_step(base, "trial 0 (baseline)", record) if base is not None else None

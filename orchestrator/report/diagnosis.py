@@ -55,13 +55,16 @@ def section_step_time(record: RunRecord) -> str:
     base, best = record.baseline(), record.best()
     if base is not None:
         steps.append(
-            findings.trial_step(base, "baseline (trial 0)" + (" = best" if best is base else ""))
+            findings.trial_step(
+                base, "baseline (trial 0)" + (" = best" if best is base else ""), record
+            )
         )
     if best is not None and best is not base:
-        steps.append(findings.trial_step(best, f"best (trial {best['number']})"))
+        steps.append(findings.trial_step(best, f"best (trial {best['number']})", record))
     trained = findings.training_step(record)
     if trained is not None and trained.step_time_s is not None:
         steps.append(trained)
+    scopes = "; ".join(f"{s.label}: {s.comm_scope}" for s in steps if s.sharded)
     steps = [(s.label, _parts(s)) for s in steps]
     steps = [(label, parts) for label, parts in steps if parts]
     if not steps:
@@ -86,6 +89,8 @@ def section_step_time(record: RunRecord) -> str:
             "included."
         )
     )
+    if scopes:  # the figure under FSDP is a lower bound: say so beside it
+        note += missing(f"What exposed comm measures: {scopes}.")
     rows = [[lbl, *(fmt(p.get(k), ".2f") for k in PART_COLORS)] for lbl, p in steps]
     return (
         png(fig, "step time parts")

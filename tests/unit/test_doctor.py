@@ -177,6 +177,17 @@ def test_comm_fix_on_gloo_says_nccl_does_not_apply() -> None:
     assert "GPUs only" in finding.fix and "NCCL_ALGO" not in finding.fix
 
 
+def test_the_comm_figure_says_what_it_measures_under_fsdp_and_ddp() -> None:
+    """Under FSDP the no-sync reference all-gathers too: the exposed figure is the
+    reduce-scatter only, a lower bound, and the evidence says so (issue 24 item 9)."""
+    ddp = rules.rule_comm_fraction(best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"))
+    fsdp = rules.rule_comm_fraction(
+        best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1", strategy="fsdp")
+    )
+    assert "DDP: the gradient all-reduce" in ddp.evidence
+    assert "reduce-scatter only" in fsdp.evidence and "lower bound" in fsdp.evidence
+
+
 def test_nccl_params_in_trials_on_gloo_are_flagged() -> None:
     rec = gloo_healthy()
     rec.param_names.append("NCCL_MIN_NCHANNELS")
