@@ -127,9 +127,10 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     """Everything that can fail on user input, checked before Ray starts."""
     config, faults = configure(args)
     out = output_dir(args, config)
+    if args.dry_run:  # writes nothing: any --out, even one holding a study, is fine
+        return config, out, faults
     check_out_dir(out)
-    if not args.dry_run:
-        check_ray_address(config, "--address" if args.address else "cluster.address")
+    check_ray_address(config, "--address" if args.address else "cluster.address")
     if not args.resume and any(
         (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV)
     ):

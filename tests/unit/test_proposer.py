@@ -192,3 +192,16 @@ def test_nothing_is_queued_past_the_budget(strategy: str) -> None:
     study = _run(space, strategy, 4, 4)
     waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(study.trials) == 4 and not waiting
+
+
+def test_a_dry_run_beside_a_finished_study_is_not_refused(tmp_path, capsys) -> None:  # noqa: ANN001
+    """It writes nothing, so an --out that already holds a study (the README's own smoke run
+    leaves runs/smoke) is no reason to refuse it; the live search still refuses."""
+    from orchestrator.runfiles import TRIALS_CSV
+    from orchestrator.search import cli
+
+    (tmp_path / TRIALS_CSV).write_text("number,state\n")
+    args = ["--preset", "smoke", "--out", str(tmp_path)]
+    assert cli.main([*args, "--dry-run"]) == 0
+    assert "rank" in capsys.readouterr().out.lower()
+    assert cli.main(args) == 2 and "already holds a study" in capsys.readouterr().err
