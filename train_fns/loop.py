@@ -333,6 +333,9 @@ def run_training(
                 runner.before_optimizer = None
                 runner.model.train()
                 checked = guard.figures()
+                # the peak reported is of training steps, not of the guard's float64 copies;
+                # the last warm-up step (if any) regrows the allocator's cache (timing.py)
+                runner.timer.reset_peak()
             if step + 1 == plan.warmup_steps:
                 setup["warmup_s"] = time.perf_counter() - window_start
                 runner.timer.take_window()  # warm-up steps are never measured

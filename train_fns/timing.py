@@ -20,6 +20,7 @@ window is its median step with its own parts, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import statistics
@@ -83,6 +84,13 @@ class StepTimer:
         finally:
             self._current[name] = self._current.get(name, 0.0) + self.now() - start
 
+    def reset_peak(self) -> None:
+        """Forget the memory peak so far, both ways (``reset_peak_memory``): called once the
+        correctness guard's warm-up steps are done, so that the peak a trial reports is its
+        training steps', not the guard's float64 gradient copies'."""
+        self.device_used_peak = 0
+        reset_peak_memory(self.device)
+
     def end_step(self) -> float:
         """Close the step (its one sync on a plain CUDA step); returns its total in seconds."""
         total = self.now() - self._step_start
@@ -118,10 +126,36 @@ def peak_memory_bytes(device: torch.device, device_used_peak: int = 0) -> int:
     """The peak to compare with capacity: on GPU workers the larger of torch's peak allocation
     and ``device_used_peak`` (``device_used_bytes`` sampled at step ends: it includes what
     torch does not allocate, NCCL's buffers and the CUDA context); on CPU the process's peak
-    resident set size (``ru_maxrss``, KiB on Linux; it includes the interpreter and libraries,
-    so on CPU it compares trials, not tensors)."""
+    resident set size (``VmHWM``; it includes the interpreter and libraries, so on CPU it
+    compares trials, not tensors). Both count from the last ``reset_peak_memory``."""
     if device.type == "cuda":
         return max(int(torch.cuda.max_memory_allocated(device)), device_used_peak)
+    return _resident_peak_bytes()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the peak afresh from what is in use now. On CUDA the allocator's cache is emptied
+    first: ``device_used_bytes`` sees the driver's view, in which blocks torch freed but keeps
+    cached still count, so without it the device-used peak would keep whatever the steps
+    before held (one ``cudaMalloc`` per block then falls on the next step, which should be a
+    warm-up one). On CPU the kernel's resident high-water mark is reset (``clear_refs``);
+    where that file cannot be written the peak keeps counting from the start of the process."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS (Linux >= 4.0)
+
+
+def _resident_peak_bytes() -> int:
+    """The process's peak resident set size since the last reset: ``VmHWM`` (which
+    ``clear_refs`` resets), else ``ru_maxrss`` (KiB on Linux; never reset, and it may count the
+    image the process was forked from)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
