@@ -33,12 +33,19 @@ from train_fns.plan import TrialPlan
 from train_fns.ranks import reduce_over_ranks
 from train_fns.watchdog import Watchdog
 
+PHASE_COLUMNS = (m.DATA_S, m.OPTIM_S, m.EXPOSED_COMM_S, m.COMPUTE_S)
+"""A step's figures from its phase times: measured on profiled steps only (``_profiled``)."""
+
 Report = Callable[[dict[str, Any], Path | None], None]
 """``report(metrics, checkpoint_dir)``: every rank calls it at the same steps."""
 
 
 class ElasticTrainer:
-    """Re-split, restore, train to ``spec.steps``, checkpoint; report every step."""
+    """Re-split, restore, train to ``spec.steps``, checkpoint; report every step.
+
+    Every step's row has its wall-clock time and loss; one step in ``spec.reference_every`` is
+    profiled and adds its phases, exposed communication and compute (``_profiled``). The
+    adaptive controller observes those steps only, so its ``window`` counts profiled steps."""
 
     def __init__(
         self,
@@ -119,24 +126,37 @@ class ElasticTrainer:
 
     def _train_step(self, runner: StepRunner, step: int) -> None:
         plan = runner.plan
-        if plan.accumulation_steps == 1 and step % self.spec.reference_every == 0:
+        profiled = self._profiled(step)
+        if plan.accumulation_steps == 1 and profiled:
             self.reference_s = runner.nosync_reference(step)
         torch.manual_seed(step_seed(plan.seed, step, self.rank))
         probe = step % self.spec.grad_norm_every == 0
         runner.before_optimizer = self._probe_gradients if probe else None
         start = time.perf_counter()
-        loss = runner.run_step(step)  # profiled: every step reports its own split
+        loss = runner.run_step(step, profiled)
         times = runner.timer.take_window()
         seen = self.state["samples_seen"] + plan.global_batch
         self.state = {"step": step + 1, "samples_seen": seen}
-        comm, compute = self._comm_split(times, plan)
-        mean_loss, comm, compute = reduce_over_ranks([float(loss), comm, compute])
-        metrics = self._metrics(runner, step, times, mean_loss, comm, compute, start)
-        if self.adaptive is not None:
-            self._adapt(runner, comm, compute, step)
+        split = self._comm_split(times, plan) if profiled else ()
+        mean_loss, *split = reduce_over_ranks([float(loss), *split])  # every rank alike
+        metrics = self._metrics(runner, step, mean_loss, start)
+        if profiled:
+            comm, compute = split
+            metrics.update(self._phase_metrics(times, comm, compute))
+            if self.adaptive is not None:
+                self._adapt(runner, comm, compute, step)
         metrics[m.EVENTS] = self.events
         self.events = []
         self._report_step(runner, metrics)
+
+    def _profiled(self, step: int) -> bool:
+        """Whether ``step`` is timed phase by phase: one step in ``reference_every``, the one
+        whose no-sync reference is taken just before it (no accumulation). On CUDA a profiled
+        step waits for the device at each phase boundary, holding back the host and FSDP2's
+        prefetch (``train_fns.timing``): profiling every step would make every step slower
+        than it needs to be. The others are timed by wall-clock only. Decided by the step's
+        number, so every rank decides alike (the split is all-reduced)."""
+        return step % self.spec.reference_every == 0
 
     def _comm_split(self, times: dict[str, float], plan: TrialPlan) -> tuple[float, float]:
         """Exposed communication and compute of this step, measured: the syncing micro-step
@@ -150,7 +170,11 @@ class ElasticTrainer:
             return 0.0, times["fwd_bwd"]
         return exposed_comm(times["sync_micro"], nosync, times["fwd_bwd"])
 
-    def _metrics(self, runner, step, times, loss, comm, compute, start) -> dict[str, Any]:
+    def _metrics(self, runner: StepRunner, step: int, loss: float, start: float) -> dict[str, Any]:
+        """The row every step gets; its step time is wall-clock, the loss read included (a
+        profiled step's holds its phase syncs too). The phase columns (``_phase_metrics``) are
+        None, so blank in progress.csv, on the steps that were not profiled: no figure is
+        carried over from another step (it could predate a re-split)."""
         plan, precision = runner.plan, runner.precision
         step_s = time.perf_counter() - start
         metrics = {
@@ -164,10 +188,7 @@ class ElasticTrainer:
             m.MICRO_BATCH: plan.micro_batch,
             m.GLOBAL_BATCH: plan.global_batch,
             m.SAMPLES_SEEN: self.state["samples_seen"],
-            m.DATA_S: times["data"],
-            m.OPTIM_S: times["optim"],
-            m.EXPOSED_COMM_S: comm,
-            m.COMPUTE_S: compute,
+            **dict.fromkeys(PHASE_COLUMNS),  # a profiled step's replace them
             m.GRAD_NORM: precision.last_grad_norm,
             m.NUM_NONFINITE: precision.num_nonfinite(),
             m.LOSS_SCALE: precision.loss_scale(),
@@ -176,6 +197,13 @@ class ElasticTrainer:
         if runner.before_optimizer is not None:
             metrics[m.LAYER_GRAD_NORMS] = self.layer_norms
         return metrics
+
+    @staticmethod
+    def _phase_metrics(times: dict[str, float], comm: float, compute: float) -> dict[str, float]:
+        """A profiled step's phases: this rank's data wait and optimizer, and the exposed
+        communication and compute averaged over ranks."""
+        return {m.DATA_S: times["data"], m.OPTIM_S: times["optim"], m.EXPOSED_COMM_S: comm,
+                m.COMPUTE_S: compute}  # fmt: skip
 
     def _probe_gradients(self, runner: StepRunner) -> None:
         """Per-layer gradient norms of this step, before clipping (every rank takes part)."""
