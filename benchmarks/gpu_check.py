@@ -1,143 +1,446 @@
-"""The GPU check: what can only be verified on a machine with GPUs, as one prepared script.
+"""The GPU check: commtune's real training path on one GPU, with torch alone, in a few minutes.
 
-From the project root on a GPU machine, in under 8 minutes (each phase has its own time limit,
-and a phase that fails is reported and the next one runs):
+The lent machines have torch and transformers but no Ray, Optuna or package index, so this
+script imports neither (and says so at the end). It calls ``train_fns.loop.run_training`` with a
+``TrialPlan``, as a trial's worker does, on a 1-rank NCCL group for each configuration: DDP and
+FSDP2; fp32 (TF32), bf16 and fp16; accumulation 1 and 4; activation checkpointing off and on;
+fused AdamW; each precision's baseline twice (the rerun is the GPU's run-to-run spread). A row
+holds the guard's gaps from the baseline and the driver's verdict at its tolerance, the fp16
+overflows, the worker's window step time beside CUDA events (bracketing the step timer's own
+start and end: does a host clock that does not sync at a step's start time what the device
+did?) and wall-clock of the same steps, peak memory both ways, samples/s and MFU.
 
-1. ``worker``: the worker loop alone, without Ray (one rank, NCCL): the built-in bert-large
-   workload in bf16, DDP, timed two ways side by side (profiled steps, a device sync at each
-   phase boundary, vs plain steps, one sync per step), samples/s and model FLOP utilisation
-   (6 x params x tokens/s over the GPU's dense bf16 peak, the peak named in the output);
-2. ``smoke``: the smoke search on GPU (``--preset smoke``, NCCL);
-3. ``bert-large``: a short bert-large search under a time budget;
-4. ``probe``: the bandwidth probe;
-5. ``train``: a 30-step training run with a checkpoint.
-
-Phases 2-5 need Ray and Optuna. On a GPU machine without a package index (Python 3.12, a CUDA
-torch and transformers, nothing else), bring them as wheels from a machine that has one::
-
-    python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux2014_x86_64 -d .whl "ray[train,tune]==2.60.*" "optuna>=4" pyyaml
-    # there: python3 -m pip install --no-index --target /tmp/site .whl/*.whl
-    #        PYTHONPATH=/tmp/site python3 -m benchmarks.gpu_check
-
-Phase 1 runs with torch alone. ``--phases worker`` picks phases; ``--out`` is where runs go;
-``--quick`` runs phase 1 on the CPU with a tiny model (what the tests run).
-One GPU is one rank: NCCL's algorithm and protocol choice is not exercised there (a local
-copy), GPU correctness and speed are.
+One GPU is one rank: nothing crosses GPUs and DDP has nothing to overlap, so this checks
+correctness, timing and memory on CUDA, not NCCL between GPUs. From the repository root,
+``python benchmarks/gpu_check.py`` (3-5 min on an H200 by estimate, not yet run; CSV under $OUT).
+``--quick``: a tiny model on the CPU over gloo (fp32, bf16), so a test keeps the script running.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
+import itertools
+import math
 import os
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DENSE_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "V100": 125.0}
-"""Dense (no sparsity) bf16 peaks from the vendors' data sheets (V100: fp16 tensor cores)."""
-PHASES = ("worker", "smoke", "bert-large", "probe", "train")
-LIMIT_S = {"worker": 120, "smoke": 150, "bert-large": 180, "probe": 90, "train": 120}
+if str(ROOT) not in sys.path:  # ``python benchmarks/gpu_check.py`` puts benchmarks/ first
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from train_fns import metrics as m  # noqa: E402
+from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
+from train_fns.loop import StepRunner, run_training  # noqa: E402
+from train_fns.plan import TrialPlan  # noqa: E402
+from train_fns.ranks import nccl_version  # noqa: E402
+from train_fns.timing import StepTimer  # noqa: E402
+
+H200_DENSE_BF16_TFLOPS = 989.0
+"""NVIDIA H200 (SXM) data sheet: BF16 Tensor Core 1,979 TFLOPS "with sparsity"; dense is half."""
+DENSE_BF16_TFLOPS = {"H200 NVL": 835.5, "H200": H200_DENSE_BF16_TFLOPS, "H100 PCIe": 756.0,
+                     "H100": 989.0, "A100": 312.0}  # fmt: skip
+"""Dense bf16 peaks from NVIDIA's data sheets (the sparse figure halved); longest name first."""
+BUDGET_S = 480.0  # no configuration starts after this: the lent machine allows 10 min a call
 
 
-def peak_tflops(name: str) -> tuple[str, float | None]:
-    for key, value in DENSE_BF16_TFLOPS.items():
-        if key in name:
-            return key, value
-    return name, None
+@dataclass(frozen=True)
+class Case:
+    """One configuration of the check; ``role`` marks a precision's baseline (and its rerun)."""
+
+    precision: str
+    strategy: str = "ddp"
+    accumulation: int = 1
+    checkpointing: bool = False
+    adamw: str | None = None
+    role: str = ""
+
+    @property
+    def label(self) -> str:
+        ckpt = " ckpt" if self.checkpointing else ""
+        adamw = f" {self.adamw}" if self.adamw else ""
+        role = f" ({self.role})" if self.role else ""
+        return f"{self.precision} {self.strategy} acc{self.accumulation}{ckpt}{adamw}{role}"
 
 
-def worker_phase(steps: int = 12, quick: bool = False) -> list[str]:
-    """The worker loop on this GPU, without Ray: per-phase syncs vs one sync per step.
-    ``quick``: bert-tiny on the CPU over gloo, 2 steps (the same code path, no GPU figures)."""
-    import torch
-    import torch.distributed as dist
-
-    from train_fns.loop import build_runner
-    from train_fns.plan import TrialPlan
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo" if quick else "nccl", rank=0, world_size=1)
-    device = torch.device("cpu") if quick else torch.device("cuda", 0)
-    model, seq_len, precision = ("bert-tiny", 64, "fp32") if quick else ("bert-large", 512, "bf16")
-    steps = 2 if quick else steps
-    if not quick:
-        torch.cuda.set_device(device)
-    plan = TrialPlan(model=model, task="mlm", seq_len=seq_len, global_batch=16, world_size=1,
-                     accumulation_steps=1, micro_batch=16, precision=precision,
-                     use_gpu=not quick)  # fmt: skip
-    runner, _ = build_runner(plan, 0, device)
-    lines, name = [], "CPU" if quick else torch.cuda.get_device_name(device)
-    gpu, peak = peak_tflops(name)
-    sync = (lambda: None) if quick else torch.cuda.synchronize
-    for sync_phases in (True, False):
-        for step in range(3):
-            runner.run_step(step, profiled=sync_phases)  # warm-up
-        sync()
-        start = time.perf_counter()
-        for step in range(3, 3 + steps):
-            runner.run_step(step, profiled=sync_phases)
-        sync()
-        per_s = plan.global_batch * steps / (time.perf_counter() - start)
-        flops = 6 * runner.num_params * plan.seq_len * per_s
-        mfu = f"{flops / (peak * 1e12):.1%} of {gpu} dense bf16 {peak:g} TFLOP/s" if peak else (
-            f"{flops / 1e12:.2f} TFLOP/s (no peak known for {name})")  # fmt: skip
-        how = "per-phase syncs" if sync_phases else "one sync per step"
-        lines.append(f"worker: {model} {precision} DDP x1, {how}: {per_s:.1f} samples/s, "
-                     f"MFU {mfu}")  # fmt: skip
-    if not quick:
-        peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-        lines.append(f"worker: peak memory {peak_gib:.1f} GiB; NCCL {torch.cuda.nccl.version()}")
-    dist.destroy_process_group()
-    return lines
+def gpu_cases() -> list[Case]:
+    """Per precision: the baseline twice, every strategy x accumulation x checkpointing, and
+    fused AdamW under each strategy. bf16 first: if the budget runs out, the main case ran."""
+    cases = []
+    for precision in ("bf16", "fp16", "fp32"):
+        cases += [Case(precision, role="baseline"), Case(precision, role="baseline again")]
+        for knobs in itertools.product(("ddp", "fsdp"), (1, 4), (False, True)):
+            if knobs != ("ddp", 1, False):
+                cases.append(Case(precision, *knobs))
+        cases += [Case(precision, "ddp", adamw="fused"), Case(precision, "fsdp", adamw="fused")]
+    return cases
 
 
-def cli_phase(name: str, out: Path) -> list[str]:
-    """One of the CLI phases as a subprocess; its last lines."""
-    commands = {
-        "smoke": ["orchestrator.search", "--preset", "smoke", "--out", str(out / "smoke"),
-                  "--set", "cluster.num_workers=1", "--set", "workload.global_batch=16"],
-        "bert-large": ["orchestrator.search", "--preset", "bert-large", "--out",
-                       str(out / "bert-large"), "--set", "cluster.num_workers=1",
-                       "--trials", "6", "--time-budget", "2"],
-        "probe": ["orchestrator.probe", "--workers", "1", "--out", str(out / "probe")],
-        "train": ["orchestrator.train", "--preset", "smoke", "--set", "cluster.num_workers=1",
-                  "--set", "workload.global_batch=16", "--steps", "30",
-                  "--checkpoint-every", "15", "--out", str(out / "train")],
-    }  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", *commands[name]], cwd=ROOT, text=True,
-                          capture_output=True, timeout=LIMIT_S[name])  # fmt: skip
-    tail = (done.stdout + done.stderr).strip().splitlines()[-6:]
-    if done.returncode != 0:
-        raise RuntimeError(f"exit {done.returncode}\n" + "\n".join(tail))
-    return [f"  {line}" for line in tail]
+def quick_cases() -> list[Case]:
+    """The CPU stand-in: gloo has no fp16 and CPU no fused AdamW."""
+    return [Case("fp32", role="baseline"), Case("fp32", role="baseline again"),
+            Case("fp32", "fsdp", 4, True), Case("bf16", role="baseline"),
+            Case("bf16", "fsdp", 4)]  # fmt: skip
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {PHASES}")
-    p.add_argument("--out", default=None, help="where the runs go (default: a temp folder)")
-    p.add_argument("--quick", action="store_true",
-                   help="the worker phase alone, on the CPU over gloo with bert-tiny (no GPU; "
-                   "what the tests run, so the script cannot rot)")  # fmt: skip
-    args = p.parse_args()
+@dataclass
+class Setup:
+    """What every configuration shares: the model, the batch and the device."""
+
+    device: torch.device
+    model: str
+    overrides: dict[str, Any]
+    seq_len: int
+    global_batch: int
+    peak_tflops: float | None
+    peak_name: str
+    measure_steps: int = 12
+    """After 3 warm-up steps (2 guarded); a plan's defaults, split in 3 windows as trials are."""
+
+    def plan(self, case: Case) -> TrialPlan:
+        """The plan a trial of ``case`` would run on one worker (plan defaults otherwise)."""
+        return TrialPlan(
+            model=self.model, task="mlm", seq_len=self.seq_len, global_batch=self.global_batch,
+            world_size=1, accumulation_steps=case.accumulation,
+            micro_batch=self.global_batch // case.accumulation, strategy=case.strategy,
+            precision=case.precision, activation_checkpointing=case.checkpointing,
+            adamw_impl=case.adamw, model_overrides=dict(self.overrides),
+            use_gpu=self.device.type == "cuda", measure_steps=self.measure_steps,
+            num_windows=min(3, self.measure_steps),
+        )  # fmt: skip
+
+
+@dataclass
+class StepSample:
+    """One step's independent clocks: CUDA events at the step timer's start and end, and
+    the host's wall-clock of the whole ``run_step`` (it ends in the timer's device sync)."""
+
+    step: int
+    profiled: bool
+    wall_s: float = 0.0
+    start: Any = None
+    end: Any = None
+
+
+def _event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+@contextmanager
+def step_clocks(samples: list[StepSample], cuda: bool) -> Iterator[None]:
+    """Observe every step ``run_training`` runs, without changing it: it builds its runner
+    inside, so the clocks hook the classes for the duration (restored after)."""
+    run_step, start_step, end_step = StepRunner.run_step, StepTimer.start_step, StepTimer.end_step
+
+    def timed_run(runner: StepRunner, step: int, profiled: bool = True) -> torch.Tensor:
+        samples.append(StepSample(step, profiled))
+        began = time.perf_counter()
+        loss = run_step(runner, step, profiled)
+        samples[-1].wall_s = time.perf_counter() - began
+        return loss
+
+    def timed_start(timer: StepTimer, profiled: bool = True) -> None:
+        start_step(timer, profiled)
+        samples[-1].start = _event() if cuda else None
+
+    def timed_end(timer: StepTimer) -> float:
+        samples[-1].end = _event() if cuda else None  # queued before the timer's own sync
+        return end_step(timer)
+
+    StepRunner.run_step, StepTimer.start_step, StepTimer.end_step = (
+        timed_run, timed_start, timed_end)  # fmt: skip
+    try:
+        yield
+    finally:
+        StepRunner.run_step, StepTimer.start_step, StepTimer.end_step = (
+            run_step, start_step, end_step)  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    """What one configuration produced: its window reports and step clocks, or its error."""
+
+    case: Case
+    plan: TrialPlan
+    windows: list[dict] = field(default_factory=list)
+    samples: list[StepSample] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def guard(self) -> dict | None:
+        return self.windows[0].get(m.GUARD) if self.windows and not self.error else None
+
+
+def run_case(case: Case, setup: Setup, tf32: tuple[bool, bool]) -> Outcome:
+    """Train ``case`` through ``run_training`` after freeing the last one as a warm worker
+    group does, TF32 as a fresh worker finds it; a failure is kept (with its traceback on
+    stderr) and the next configuration runs."""
+    plan, device = setup.plan(case), setup.device
+    outcome, began = Outcome(case, plan), time.perf_counter()
+    free_memory(device)
+    if device.type == "cuda":  # Precision turns TF32 on for fp32 and nothing turns it off
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    groups = live_groups()
+    try:
+        with step_clocks(outcome.samples, device.type == "cuda"):
+            run_training(plan, 0, 1, device, outcome.windows.append)
+    except Exception as e:  # reported in its row (traceback above); the check goes on
+        traceback.print_exc()
+        outcome.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    release_groups(groups, device)
+    outcome.seconds = time.perf_counter() - began
+    return outcome
+
+
+def load_correctness() -> ModuleType:
+    """``orchestrator/search/correctness.py`` loaded from its file: importing it as a module
+    runs ``orchestrator/__init__`` and ``orchestrator/search/__init__``, which import Optuna.
+    The file itself needs only the standard library, so the driver's very check is used."""
+    path = ROOT / "orchestrator" / "search" / "correctness.py"
+    spec = importlib.util.spec_from_file_location("commtune_gpu_check_correctness", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def guard_columns(outcome: Outcome, base: Outcome | None, correctness: ModuleType) -> dict:
+    """The guard's largest relative gaps from the baseline (figures both overflowed, which
+    the check skips, are skipped here too) and the driver's verdict at its tolerance."""
+    got = outcome.guard
+    norms = (got or {}).get("grad_norms") or []
+    overflow = f"{sum(not math.isfinite(x) for x in norms)}/{len(norms)}" if norms else ""
+    row = {"tolerance": correctness.tolerance_for(outcome.plan), "guard_overflow": overflow,
+           "loss_gap": None, "grad_gap": None}  # fmt: skip
+    no_base = base is None or base.guard is None
+    failed = "FAILED" if outcome.error else "-"
+    status = failed if got is None else "baseline" if outcome.case.role == "baseline" else None
+    if status or no_base:
+        return {**row, "guard": status or "no baseline"}
+    for _what, b, g, gradient in correctness._figures(base.guard, got):  # what check reads
+        if gradient and not math.isfinite(b) and not math.isfinite(g):
+            continue
+        key, gap = "grad_gap" if gradient else "loss_gap", correctness.relative_gap(g, b)
+        if row[key] is None or not gap <= row[key]:  # NaN sticks
+            row[key] = gap
+    why = correctness.guard_check(base.guard, got, outcome.plan)
+    return {**row, "guard": "ok" if why is None else "CORRUPT", "why": why or ""}
+
+
+def _gib(num_bytes: int | None) -> float | None:
+    return None if num_bytes is None else num_bytes / 2**30
+
+
+def timing_columns(outcome: Outcome, setup: Setup) -> dict:
+    """The window step time (median over windows, as the driver takes it) beside the CUDA
+    events and wall-clock of the measured plain steps; memory, samples/s and MFU."""
+    if not outcome.windows:
+        return {}
+    last, plan = outcome.windows[-1], outcome.plan
+    plain = [s for s in outcome.samples  # a step that raised has no end and no wall-clock
+             if s.step >= plan.warmup_steps and not s.profiled and s.wall_s]  # fmt: skip
+    window_s = statistics.median(w[m.STEP_TIME_S] for w in outcome.windows)
+    events = [s.start.elapsed_time(s.end) / 1e3 for s in plain if s.start is not None]
+    flops = m.FLOPS_PER_PARAM_TOKEN * last[m.NUM_PARAMS] * plan.global_batch * plan.seq_len
+    peak = setup.peak_tflops
+    return {
+        "window_step_ms": window_s * 1e3,
+        "event_step_ms": statistics.median(events) * 1e3 if events else None,
+        "wall_step_ms": statistics.median(s.wall_s for s in plain) * 1e3 if plain else None,
+        "allocated_peak_gib": _gib(last[m.ALLOCATED_PEAK_BYTES]),
+        "device_used_peak_gib": _gib(last[m.DEVICE_USED_PEAK_BYTES]),
+        "nonfinite_steps": last[m.NUM_NONFINITE],
+        "samples_per_s": plan.global_batch / window_s,
+        "mfu": flops / window_s / (peak * 1e12) if peak else None,
+        "num_params": last[m.NUM_PARAMS],
+    }
+
+
+COLUMNS = ("config", "precision", "strategy", "accumulation", "checkpointing", "adamw", "role",
+           "guard", "loss_gap", "grad_gap", "tolerance", "guard_overflow", "nonfinite_steps",
+           "window_step_ms", "event_step_ms", "wall_step_ms", "allocated_peak_gib",
+           "device_used_peak_gib", "samples_per_s", "mfu", "num_params", "seconds", "error",
+           "why")  # fmt: skip
+
+
+def table_row(outcome: Outcome, base: Outcome | None, setup: Setup, lib: ModuleType) -> dict:
+    """The CSV row of one configuration (``lib``: the correctness module)."""
+    case = outcome.case
+    row = {"config": case.label, "precision": case.precision, "strategy": case.strategy,
+           "accumulation": case.accumulation, "checkpointing": case.checkpointing,
+           "adamw": case.adamw or "default", "role": case.role or "variant",
+           "seconds": outcome.seconds, "error": outcome.error}  # fmt: skip
+    row |= guard_columns(outcome, base, lib) | timing_columns(outcome, setup)
+    return {key: row.get(key) for key in COLUMNS}
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None or value == "" else format(value, spec)
+
+
+TABLE = (("config", "config", -34, "s"), ("guard", "guard", -11, "s"),
+         ("loss_gap", "loss gap", 8, ".1e"), ("grad_gap", "grad gap", 8, ".1e"),
+         ("tolerance", "tol", 6, "g"), ("guard_overflow", "inf", 4, "s"),
+         ("nonfinite_steps", "nf", 3, "d"), ("window_step_ms", "window", 8, ".1f"),
+         ("event_step_ms", "events", 8, ".1f"), ("wall_step_ms", "wall", 8, ".1f"),
+         ("allocated_peak_gib", "alloc", 6, ".2f"), ("device_used_peak_gib", "used", 6, ".2f"),
+         ("samples_per_s", "sampl/s", 8, ".1f"), ("mfu", "MFU", 6, ".1%"))  # fmt: skip
+
+
+def format_row(row: dict | None) -> str:
+    """One line of the printed table, or its header for None: ``TABLE``'s (CSV key, title,
+    width, negative for left-aligned, format); the CSV keeps every column at full precision."""
+    cells = []
+    for key, title, width, spec in TABLE:
+        text = title if row is None else _fmt(row[key], spec)
+        cells.append(f"{text:<{-width}}" if width < 0 else f"{text:>{width}}")
+    return " ".join(cells)
+
+
+LEGEND = ("gaps: largest relative difference from the precision's baseline; inf: guard steps "
+          "whose fp16 gradients overflowed; nf: measured steps skipped as non-finite; window: "
+          "the worker's step time, events/wall: CUDA events / wall-clock of the same plain "
+          "steps (ms); alloc/used: peak GiB allocated by torch / used on the device; MFU: 6 x "
+          "params x tokens / window step / dense bf16 peak, fp32 (TF32) rows too")  # fmt: skip
+
+
+def init_group(device: torch.device) -> None:
+    """A 1-rank process group (NCCL on a GPU, gloo on the CPU) from a file store: no port."""
+    store = Path(tempfile.mkdtemp(prefix="commtune-gpu-check-")) / "store"
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=0,
+                            world_size=1, device_id=device if cuda else None)  # fmt: skip
+
+
+def make_setup(args: argparse.Namespace) -> Setup:
+    """The device, model and peak figure; the GPU's name picks the peak unless given."""
     if args.quick:
-        args.phases = "worker"
-    out = Path(args.out or tempfile.mkdtemp(prefix="commtune-gpu-check-"))
-    for phase in [x.strip() for x in args.phases.split(",") if x.strip()]:
-        started = time.monotonic()
+        return Setup(torch.device("cpu"), "bert-tiny", {"vocab_size": 1024}, 32, 8, None, "CPU", 4)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check: no CUDA device; --quick runs the CPU stand-in")
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    name = torch.cuda.get_device_name(device)
+    key = next((k for k in DENSE_BF16_TFLOPS if k in name), None)
+    peak = args.peak_tflops or (DENSE_BF16_TFLOPS[key] if key else None)
+    source = "--peak-tflops" if args.peak_tflops else (f"{key} data sheet" if key else "unknown")
+    return Setup(device, "bert-large", {"num_hidden_layers": args.layers}, args.seq_len,
+                 args.global_batch, peak, f"{name}, {source}")  # fmt: skip
+
+
+def describe(setup: Setup, quick: bool) -> str:
+    """The first line: what ran where (a table without its device and versions proves little)."""
+    if quick:
+        return ("gpu_check: CPU QUICK MODE (gloo, bert-tiny, fp32/bf16 only): this is NOT the GPU "
+                "check; it only keeps the script running")  # fmt: skip
+    peak = f"{setup.peak_tflops:g} TFLOP/s" if setup.peak_tflops else "no peak known: MFU -"
+    return (f"gpu_check: {setup.device} {setup.peak_name}; dense bf16 peak {peak}; torch "
+            f"{torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl_version()}; bert-large "
+            f"with {setup.overrides['num_hidden_layers']} layers, seq {setup.seq_len}, global "
+            f"batch {setup.global_batch}")  # fmt: skip
+
+
+def run_all(cases: list[Case], setup: Setup, budget_s: float, out: csv.DictWriter) -> list[dict]:
+    """Every case in order, a progress line and a CSV row each as it ends (a run cut short
+    keeps what it measured); a case after the budget is listed, not run."""
+    correctness, started = load_correctness(), time.perf_counter()
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    baselines: dict[str, Outcome] = {}
+    rows = []
+    for index, case in enumerate(cases, 1):
+        if time.perf_counter() - started > budget_s:
+            print(f"[{index:2}/{len(cases)}] {case.label}: not run (budget {budget_s:g}s spent)")
+            rows.append({**dict.fromkeys(COLUMNS), "config": case.label, "guard": "not run",
+                         "error": "not run: budget spent"})  # fmt: skip
+            out.writerow(rows[-1])
+            continue
+        print(f"[{index:2}/{len(cases)}] {case.label} ...", flush=True)
+        outcome = run_case(case, setup, tf32)
+        if case.role == "baseline":
+            baselines[case.precision] = outcome
+        row = table_row(outcome, baselines.get(case.precision), setup, correctness)
+        rows.append(row)
+        out.writerow(row)
+        state = outcome.error or f"guard {row['guard']}, {_fmt(row['window_step_ms'], '.1f')} ms"
+        why = f"\n        {row['why']}" if row["why"] else ""
+        print(f"        {outcome.seconds:.1f}s, {state}{why}", flush=True)
+    return rows
+
+
+def default_out(quick: bool) -> Path:
+    """Under $OUT where the device tool sets it; the quick mode (the tests run it from the
+    repository root) writes to the temp folder, not into the working tree."""
+    folder = os.environ.get("OUT") or (tempfile.gettempdir() if quick else ".")
+    return Path(folder) / ("gpu_check_quick.csv" if quick else "gpu_check.csv")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # fmt: off
+    p.add_argument("--quick", action="store_true", help="a tiny model on the CPU over gloo, "
+                   "fp32 and bf16, a few configurations (what the tests run; not the GPU check)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="CSV path (default: $OUT/gpu_check.csv, else ./gpu_check.csv)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak "
+                   f"for MFU (default: by GPU name; H200 {H200_DENSE_BF16_TFLOPS:g})")
+    p.add_argument("--layers", type=int, default=8, help="bert-large's layers (24 in full)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--global-batch", type=int, default=32, help="a multiple of 4")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S,
+                   help="start no configuration after this many seconds")
+    # fmt: on
+    args = p.parse_args()
+    if args.global_batch % 4 or args.global_batch < 4:
+        p.error("--global-batch must be a multiple of 4 (accumulation 4 splits it)")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    setup = make_setup(args)
+    print(describe(setup, args.quick), flush=True)
+    out = args.out or default_out(args.quick)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    init_group(setup.device)
+    with out.open("w", newline="", buffering=1) as f:  # line-buffered: each row as it ends
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
         try:
-            lines = worker_phase(quick=args.quick) if phase == "worker" else cli_phase(phase, out)
-            status = "ok"
-        except Exception as e:  # the next phase still runs; this one says why
-            lines, status = [f"{phase}: {type(e).__name__}: {e}"], "FAILED"
-        print(f"== {phase}: {status} in {time.monotonic() - started:.0f}s", flush=True)
-        print("\n".join(lines), flush=True)
+            rows = run_all(quick_cases() if args.quick else gpu_cases(), setup, args.budget_s,
+                           writer)  # fmt: skip
+        finally:
+            dist.destroy_process_group()
+    print("\n" + "\n".join(format_row(row) for row in [None, *rows]) + f"\n{LEGEND}")
+    params = max(row["num_params"] or 0 for row in rows)
+    leaked = sorted({"ray", "optuna"} & {name.split(".")[0] for name in sys.modules})
+    imports = leaked or "torch only, no Ray, no Optuna"
+    print(f"model: {params / 1e6:.1f}M parameters, {setup.global_batch * setup.seq_len} tokens "
+          f"per step; table: {out}; imports: {imports}")  # fmt: skip
+    if args.quick:
+        print("(CPU quick mode: not the GPU check)")
+    failed = [row["config"] for row in rows if row["error"] or row["guard"] == "CORRUPT"]
+    if failed:
+        print(f"gpu_check: failed, corrupt or not run: {', '.join(failed)}")
+    return 1 if failed or leaked else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

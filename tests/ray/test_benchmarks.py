@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK = {
     "bad_inputs": r"\| 2 \| [0-9.]+ \| .*error: .*\n\n2 bad inputs; slowest",
     "search_efficiency": r"target staged median <= grid/5 .*\n.*8xA100-nvlink",
-    "gpu_check": r"== worker: ok .*\nworker: bert-tiny fp32 DDP x1, per-phase syncs: [0-9.]+ ",
+    "gpu_check": (r"NOT the GPU check[\s\S]*\nfp32 ddp acc1 \(baseline again\) +ok +[0-9.e+-]+ "
+                  r"[\s\S]*; imports: torch only, no Ray, no Optuna\n"),
     "workload_contract": r"smoke in one process: forward\+backward contract / before = [0-9.]+",
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
