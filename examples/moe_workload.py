@@ -8,9 +8,8 @@ same holds for conditional branches, early exits and multi-task heads).
 
 commtune sees on the driver that a forward/backward of a few micro-batches leaves experts
 without a gradient, and runs DDP with ``find_unused_parameters=True`` in every plan, the
-baseline too (one line says so; ``workload.unused_parameters`` decides it yourself). FSDP is
-refused for such a model: ranks that route to different experts would pair one rank's expert
-with another's in FSDP2's per-unit collectives.
+baseline too (one line says so; ``workload.unused_parameters`` decides it yourself), and FSDP2
+with the model as one unit (``train_fns/unused.py``): both give one process's losses.
 """
 
 import torch

@@ -79,10 +79,10 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
     Returns the config with ``workload.unused_parameters`` settled, and what to say of it."""
     if config.workload.entrypoint is None:
         check_model_overrides(config.workload)
-        return _no_fsdp(config), []
+        return config, []
     shape = check_entrypoint(config)
     if config.workload.unused_parameters is not None:
-        return _no_fsdp(config), []
+        return config, []
     if shape.probe_failed:
         return config, [f"workload: could not tell whether steps leave parameters unused "
                         f"({shape.probe_failed}); set workload.unused_parameters: true if "
@@ -94,29 +94,15 @@ def check_model(config: Config) -> tuple[Config, list[str]]:
     if not found:
         return settled, []
     if shape.declared:
-        return _no_fsdp(settled), ["workload: it declares unused_parameters: DDP runs with "
-                                   "find_unused_parameters=True in every plan"]  # fmt: skip
+        return settled, ["workload: it declares unused_parameters: DDP runs with "
+                         "find_unused_parameters=True in every plan, FSDP2 as one "
+                         "unit"]  # fmt: skip
     shown = ", ".join(shape.unused[:3]) + (", ..." if len(shape.unused) > 3 else "")
-    return _no_fsdp(settled), [
+    return settled, [
         f"workload: {len(shape.unused)} parameter(s) got no gradient in some micro-batches "
         f"({shown}): DDP runs with find_unused_parameters=True in every plan, the baseline "
-        "too (workload.unused_parameters: true)"
+        "too, and FSDP2 shards the model as one unit (workload.unused_parameters: true)"
     ]
-
-
-def _no_fsdp(config: Config) -> Config:
-    """Refuse FSDP for a model whose steps leave parameters unused: ranks that run different
-    units would pair one unit's all-gather or reduce-scatter with another's (silently, where
-    the units are alike in size). The search does not offer it (search_spaces/strategy.yaml)."""
-    if config.workload.unused_parameters:
-        for key, value in (("strategy", config.strategy), ("tuned.strategy",
-                           config.tuned.get("strategy"))):  # fmt: skip
-            if value == "fsdp":
-                raise ConfigError(key, "fsdp cannot run a model whose steps leave parameters "
-                                  "unused (workload.unused_parameters): FSDP2's per-unit "
-                                  "collectives would pair different units across ranks; use "
-                                  "ddp, or search")  # fmt: skip
-    return config
 
 
 def check_entrypoint(config: Config) -> WorkloadShape | None:
@@ -254,6 +240,7 @@ def plan_from_config(
         lr=cfg.workload.lr,
         seed=cfg.search.seed,
         step_deadline_s=cfg.search.step_deadline_s,
+        unused_parameters=bool(cfg.workload.unused_parameters),
         **workload_fields(cfg),
         **extra,
     )

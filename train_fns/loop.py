@@ -91,6 +91,9 @@ class StepRunner:
         batches = self.host_batches(step)
         self.timer.start_step(profiled)
         step_loss = self.accumulate_gradients(step, batches)
+        unused = getattr(self.model, "commtune_unused", None)  # FSDP2, see train_fns.unused
+        if unused is not None:
+            unused.settle()
         if self.before_optimizer is not None:
             self.before_optimizer(self)
         with self.timer.phase("optim"):

@@ -175,6 +175,9 @@ class TrialPlan:
     """Environment variables whose values the worker echoes back (what it really saw)."""
     marker_dir: str | None = None
     """Where a worker's watchdog leaves a hang marker before ending itself (driver reads it)."""
+    unused_parameters: bool = False
+    """The model's steps leave parameters unused (workload.unused_parameters): DDP runs with
+    ``find_unused_parameters``, FSDP2 as one unit with ``train_fns.unused``."""
     fault: str | None = None
     """Testing aid: ``crash``, ``hang`` or ``oom`` makes one worker fail that way; ``corrupt``
     perturbs one worker's gradients after the all-reduce of the first step."""
@@ -223,11 +226,6 @@ class TrialPlan:
                 "ddp.static_graph=True with accumulation_steps > 1 fails in torch's DDP "
                 "(no_sync under static_graph, pytorch#143580); use static_graph=False "
                 "or accumulation_steps=1"
-            )
-        if self.strategy == "fsdp" and self.ddp.find_unused_parameters:
-            raise InfeasiblePlan(
-                "strategy=fsdp for a model whose steps leave parameters unused: FSDP2's per-unit "
-                "collectives would pair different units across ranks; use ddp"
             )
         self._check_knobs()
         if self.measure_steps < self.num_windows or self.num_windows < 1:

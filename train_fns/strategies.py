@@ -24,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from train_fns.plan import TrialPlan
+from train_fns.unused import UnusedParameters
 from train_fns.workload import default_blocks
 
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -145,7 +146,10 @@ def _wrap_fsdp(
     One FSDP group per block lets the all-gather of block k+1 overlap block k's compute.
     Reductions stay in fp32 under mixed precision unless the plan opts into a lossy
     ``reduce_dtype``, so bf16/fp16 otherwise only changes the compute, never the gradient sum.
+    A model whose steps leave parameters unused is one unit (``train_fns.unused``).
     """
+    if plan.unused_parameters:
+        blocks = []  # ranks running different blocks would pair different units' collectives
     options = {
         "mesh": fsdp_mesh(plan, device),
         "reshard_after_forward": plan.fsdp.reshard_after_forward,
@@ -155,6 +159,8 @@ def _wrap_fsdp(
         fully_shard(block, **options)
     fully_shard(model, **options)
     set_prefetch(blocks, plan.fsdp.forward_prefetch, plan.fsdp.backward_prefetch)
+    if plan.unused_parameters:
+        model.commtune_unused = UnusedParameters(model)  # StepRunner settles it each step
     return model
 
 

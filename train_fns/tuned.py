@@ -81,6 +81,7 @@ def plan_for(best: Best, world_size: int) -> TrialPlan:
         fsdp=fsdp,
         activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
         use_gpu=torch.cuda.is_available(),
+        unused_parameters=bool(workload.get("unused_parameters")),
     )
 
 
@@ -101,3 +102,13 @@ def wrap(
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     return wrap_model(model, plan_for(best, world), device, blocks)
+
+
+def before_step(model: nn.Module) -> None:
+    """Call between the last backward and ``optimizer.step()`` with a model ``wrap`` sharded
+    with FSDP2 whose steps leave parameters unused: a parameter no rank used in the step then
+    gets no gradient, as DDP leaves it (``train_fns.unused``); on every other model, nothing.
+    Every rank must call it (an all-reduce)."""
+    unused = getattr(model, "commtune_unused", None)
+    if unused is not None:
+        unused.settle()

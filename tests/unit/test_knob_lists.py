@@ -31,6 +31,7 @@ NOT_KNOBS = {
     "entrypoint": "workload.entrypoint",
     "options": "workload.options",
     "workload_source": "the entrypoint file's text, read on the driver",
+    "unused_parameters": "workload.unused_parameters, declared or found on the driver",
     # where and how it is measured, from the cluster and search sections
     "world_size": "the worker group's size (cluster.num_workers, or an elastic run's size now)",
     "micro_batch": "derived: global_batch / (world_size x accumulation_steps)",

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config import load_config
 from orchestrator.plans import absolute_paths, check_model, plan_from_config
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import tuned
@@ -37,14 +35,14 @@ def test_a_model_that_uses_every_parameter_keeps_ddps_default() -> None:
     assert not plan_from_config(config, None, False, {}, 2, {}).ddp.find_unused_parameters
 
 
-def test_a_declaration_wins_and_fsdp_is_refused_for_such_a_model() -> None:
+def test_a_declaration_wins_and_fsdp_runs_such_a_model_as_one_unit() -> None:
     declared = _config("mlp_workload.py", "workload.unused_parameters=true")
     config, notes = check_model(declared)
     assert config.workload.unused_parameters is True and notes == []
-    with pytest.raises(ConfigError, match="^strategy: fsdp cannot run a model whose steps"):
-        check_model(_config("moe_workload.py", "strategy=fsdp"))
-    with pytest.raises(ConfigError, match="^tuned.strategy: fsdp"):
-        check_model(_config("moe_workload.py", "tuned={strategy: fsdp}", "strategy=ddp"))
+    config, notes = check_model(_config("moe_workload.py", "strategy=fsdp"))
+    assert "FSDP2 shards the model as one unit" in notes[0]
+    plan = plan_from_config(config, None, False, {"strategy": "fsdp"}, 2, {})
+    assert plan.strategy == "fsdp" and plan.unused_parameters
 
 
 def test_a_probe_that_raises_is_said_not_fatal(tmp_path: Path) -> None:
@@ -63,12 +61,15 @@ def test_a_probe_that_raises_is_said_not_fatal(tmp_path: Path) -> None:
     assert "could not tell" in note and "ValueError: not on the driver" in note
 
 
-def test_the_space_drops_fsdp_and_static_graph_saying_why() -> None:
-    context = SearchContext("gloo", "search", False, 2, 1, 16, unused_parameters=True)
+def test_the_space_keeps_fsdp_as_one_unit_and_drops_what_cannot_act() -> None:
+    """static_graph (the used set changes), and FSDP's per-block knobs: the model is one unit."""
+    context = SearchContext("gloo", "search", False, 4, 1, 16, unused_parameters=True)
     space = SearchSpace(load_spaces(["strategy", "accumulation", "ddp", "fsdp"]), context)
-    dropped = dict(space.dropped())
-    assert "static_graph" in dropped and "strategy=fsdp" in dropped
-    assert {p["strategy"] for p in space.grid()} == {"ddp"}
+    assert "static_graph" not in space.param_names
+    assert not {"reshard_after_forward", "forward_prefetch", "backward_prefetch"} & set(
+        space.param_names
+    )
+    assert {p["strategy"] for p in space.grid()} == {"ddp", "fsdp"}
 
 
 def test_tuned_wrap_applies_the_same_setting() -> None:
