@@ -27,7 +27,7 @@ def replicas(grad: Tensor) -> int:
     """How many ranks hold each element of ``grad``'s local part (1 for a plain tensor): HSDP
     shards over a node and replicates across nodes, so a sum of squares over every rank counts
     each shard that many times, and a norm from it comes out sqrt(nodes) too large unless each
-    rank's sum is divided by this. (The correctness guard's figure needs the same divisor.)"""
+    rank's sum is divided by this (the correctness guard's figures too)."""
     placements = getattr(grad, "placements", ())
     mesh = getattr(grad, "device_mesh", None)
     return math.prod(mesh.size(i) for i, p in enumerate(placements) if p.is_replicate())

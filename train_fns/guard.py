@@ -16,7 +16,6 @@ of the first step, as a corrupting transport would: the step is not slower, only
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from train_fns.gradients import replicas
 from train_fns.ranks import reduce_tensor
 
 CORRUPT_SCALE = 0.5
@@ -33,15 +33,6 @@ CORRUPT_SCALE = 0.5
 def _local(grad: Tensor) -> Tensor:
     """A gradient's local part: FSDP2 gradients are sharded DTensors."""
     return grad.to_local() if hasattr(grad, "to_local") else grad
-
-
-def _replicas(grad: Tensor) -> int:
-    """How many ranks hold each element of ``grad``'s local part: HSDP shards over a node and
-    replicates across nodes, so a sum of squares over every rank counts each shard that many
-    times (the norm came out sqrt(nodes) too large and every HSDP trial looked corrupt)."""
-    placements = getattr(grad, "placements", ())
-    mesh = getattr(grad, "device_mesh", None)
-    return math.prod(mesh.size(i) for i, p in enumerate(placements) if p.is_replicate())
 
 
 def _sharded(model: nn.Module) -> bool:
@@ -116,7 +107,7 @@ class Guard:
         for p in model.parameters():
             if p.grad is None:
                 continue
-            local = _local(p.grad).detach().double().pow(2).sum() / _replicas(p.grad)
+            local = _local(p.grad).detach().double().pow(2).sum() / replicas(p.grad)
             total += local
             if hasattr(p.grad, "to_local"):
                 count, index = _shard_of(p.grad)

@@ -239,5 +239,8 @@ def _fraction(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _share(rows: list[dict[str, Any]], key: str) -> float | None:
+    """``key``'s share of the step time over the rows that measured it: only profiled steps
+    split their time into phases (train_fns.trainer), the others leave it blank."""
+    rows = [r for r in rows if r.get(key) is not None]
     total = sum(r[m.STEP_TIME_S] for r in rows)
-    return sum(r.get(key) or 0.0 for r in rows) / total if total else None
+    return sum(r[key] for r in rows) / total if total else None

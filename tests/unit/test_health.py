@@ -64,3 +64,13 @@ def test_no_warning_at_or_below_the_threshold(tmp_path: Path) -> None:
     summary = log.summary(1.0, None)
     log.close()
     assert summary["nonfinite_steps"] == 1 and summary["warnings"] == []
+
+
+def test_the_data_share_is_over_the_steps_that_measured_it() -> None:
+    """A training run splits one step in N into phases and leaves the others blank: the
+    share is data over those steps' time, not over every step's (ten times too small)."""
+    from orchestrator.train.runlog import _share
+
+    rows = [{m.STEP_TIME_S: 1.0, m.DATA_S: 0.2 if i % 10 == 0 else None} for i in range(20)]
+    assert _share(rows, m.DATA_S) == pytest.approx(0.2)
+    assert _share([{m.STEP_TIME_S: 1.0}], m.DATA_S) is None
