@@ -1,6 +1,7 @@
 """A user's own workload (a file in a folder outside the project, not a Hugging Face model)
 searched through the CLI with DDP and FSDP2, a crash inside its loss ending its trials only,
-then trained from best.yaml and resumed exactly."""
+then trained from best.yaml and resumed exactly; and a model whose steps leave parameters
+unused (examples/moe_workload.py) searched and trained the same way."""
 
 from __future__ import annotations
 
@@ -70,6 +71,36 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
     return out, proc
 
 
+@pytest.fixture(scope="module")
+def moe_searched(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("moe")
+    proc = run(
+        "orchestrator.search", "--preset", "smoke", "--out", str(out),
+        "--set", f"workload.entrypoint={ROOT / 'examples' / 'moe_workload.py'}:make_workload",
+        "--set", "workload.options={width: 16, experts: 4}", "--set", "workload.global_batch=8",
+        "--set", "search.spaces=[strategy, accumulation]", "--set", "search.sampler=grid",
+        "--set", "search.trials=4",
+        "--set", "search.prune=false", "--set", "search.scaling_baseline=false",
+    )  # fmt: skip
+    return out, proc
+
+
+@pytest.mark.slow
+def test_search_runs_a_model_that_leaves_parameters_unused(moe_searched) -> None:
+    """Issue 29: found on the driver, said in one line; every DDP plan (the baseline too) runs
+    with find_unused_parameters and FSDP2 as one unit: no trial crashes or is corrupt."""
+    out, proc = moe_searched
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "got no gradient in some micro-batches" in proc.stdout
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert len(rows) == 4 and all(r["state"] == "complete" for r in rows), rows
+    assert {r["strategy"] for r in rows} == {"ddp", "fsdp"}, rows
+    best = yaml.safe_load((out / "best.yaml").read_text().split("\n", 2)[2])
+    assert best["workload"]["unused_parameters"] is True
+
+
 @pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
     out, proc = searched
@@ -86,8 +117,11 @@ def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
 
 
 @pytest.mark.slow
-def test_training_the_users_workload_resumes_exactly(searched, tmp_path: Path) -> None:
-    out, _ = searched
+@pytest.mark.parametrize("which", ["searched", "moe_searched"])
+def test_training_the_users_workload_resumes_exactly(
+    which: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    out, _ = request.getfixturevalue(which)
     base = ["--config", str(out / "best.yaml"), "--checkpoint-every", "2",
             "--set", "train.log_every=1"]  # fmt: skip
     whole = run("orchestrator.train", *base, "--steps", "4", "--out", str(tmp_path / "whole"))
