@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.runfiles import REPORT_HTML
+from orchestrator.runfiles import REPORT_HTML, WRITTEN_FILES
 from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
 from search_spaces._yaml import load_yaml, read_capped
 
@@ -203,9 +203,16 @@ def check_out_dir(out: Path, key: str = "--out") -> None:
 
 
 def check_report_path(out: Path, key: str = "--out") -> None:
-    """A file commtune will write: not a folder, in a folder it can create or write."""
+    """A file commtune will write: not a folder, in a folder it can create or write, and
+    never one of a run's own files or another existing file that is not a page (the report
+    would replace the evidence it was drawn from)."""
     if out.is_dir():
         raise ConfigError(key, f"{out} is a folder; name a file such as {out / REPORT_HTML}")
+    if out.name in WRITTEN_FILES and out.name != REPORT_HTML or (
+        out.exists() and out.suffix.lower() not in (".html", ".htm")
+    ):
+        raise ConfigError(key, f"{out} would be overwritten with the report; name a new "
+                          f".html file such as {out.parent / REPORT_HTML}")  # fmt: skip
     check_out_dir(out.parent, key)
 
 

@@ -196,6 +196,10 @@ def test_train_probe_report_doctor_refuse_bad_inputs(files: Path) -> None:
     (run / "best.yaml").write_text(_bomb("tuned", "x"))
     code, err = _run(report.main, [str(run), "--out", str(files)])
     assert code == 2 and "--out" in err and "is a folder" in err
+    for evidence in (run / "trials.csv", files / "afile"):  # a run's own file, any non-page
+        before = evidence.read_bytes()
+        code, err = _run(report.main, [str(run), "--out", str(evidence)])
+        assert code == 2 and "would be overwritten" in err and evidence.read_bytes() == before
     record = runfiles.collect([run])  # the bomb is skipped as unreadable, never expanded
     assert "best.yaml" in record.unreadable and "aliases" in record.unreadable["best.yaml"]
 
