@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--link", help="dry run: pcie_v100, nvlink_a100, ... (default: the search's "
                    "nominal link, nvlink_a100 on one node, net_100g across nodes)")  # fmt: skip
-    p.add_argument("--nodes", type=int, default=1, help="dry run: nodes the ranks span")
+    p.add_argument("--nodes", type=int, help="dry run: nodes the ranks span (default 1)")
     p.add_argument("--tflops", type=float, help="dry run: TFLOP/s per rank (default: the "
                    "search's nominal 100)")  # fmt: skip
     return p.parse_args(argv)
@@ -107,12 +107,27 @@ def configure(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
             sets.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     config = load_config(args.config, args.preset, sets)
     space_for(config, use_gpu=False, num_nodes=1)  # a mistake in the spaces stops before Ray
+    _check_dry_run_options(args, config)
     faults = parse_faults(args.inject_faults)
     config = absolute_paths(config)
     config, notes = check_model(config)
     for note in notes:
         print(note)
     return config, faults
+
+
+def _check_dry_run_options(args: argparse.Namespace, config: Config) -> None:
+    """--link, --nodes and --tflops price a dry run: checked before the model is built (the
+    cheap checks first), and refused without --dry-run rather than silently ignored."""
+    given = [f for f, v in (("--link", args.link), ("--nodes", args.nodes),
+                            ("--tflops", args.tflops)) if v is not None]  # fmt: skip
+    if not args.dry_run:
+        if given:
+            raise ConfigError(given[0], "prices a dry run only; add --dry-run, or leave it out")
+        return
+    from orchestrator.search.estimate import check_dry_run
+
+    check_dry_run(config, args.link, 1 if args.nodes is None else args.nodes, args.tflops)
 
 
 def output_dir(args: argparse.Namespace, config: Config) -> Path:
@@ -161,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.search.estimate import dry_run
 
         try:
-            print("\n".join(dry_run(config, args.link, args.nodes, args.tflops)))
+            nodes = 1 if args.nodes is None else args.nodes
+            print("\n".join(dry_run(config, args.link, nodes, args.tflops)))
         except ConfigError as e:
             print(f"commtune: error: {e}", file=sys.stderr)
             return 2

@@ -79,15 +79,21 @@ def ranking(
     return Ranking(link, tflops, ranked, space.baseline(), seeds)
 
 
+def check_dry_run(config: Config, link_name: str | None, nodes: int, tflops: float | None) -> None:
+    """The dry run's own options, checked with the cheap checks (before the model is built)."""
+    if link_name is not None and link_name not in LINKS:
+        raise ConfigError("--link", f"{link_name!r}; use one of {', '.join(LINKS)}")
+    # 0 nodes divided by zero; more nodes than ranks is none
+    check_range("--nodes", nodes, 1, config.cluster.num_workers)
+    if tflops is not None:
+        check_range("--tflops", tflops, 1e-3, 1e6)  # 0 divided by zero; nan ranked nothing
+
+
 def dry_run(config: Config, link_name: str | None, nodes: int, tflops: float | None) -> list:
     """The ranked lines a dry run prints: the ten best, and wherever they rank, the baseline
     and the seeds the search would start with."""
-    if link_name is not None and link_name not in LINKS:
-        raise ConfigError("--link", f"{link_name!r}; use one of {', '.join(LINKS)}")
+    check_dry_run(config, link_name, nodes, tflops)
     world = config.cluster.num_workers
-    check_range("--nodes", nodes, 1, world)  # 0 divided by zero; more nodes than ranks is none
-    if tflops is not None:
-        check_range("--tflops", tflops, 1e-3, 1e6)  # 0 divided by zero; nan ranked nothing
     size = model_size(config)
     found = ranking(config, nodes, LINKS[link_name] if link_name else None, tflops, size)
     link = found.link
