@@ -96,6 +96,12 @@ def check(argv: list[str]) -> Config:
 def configure(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     """The config and faults the arguments describe, validated without touching the output
     folder."""
+    config, faults = _settings(args)
+    return _with_model(config), faults
+
+
+def _settings(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
+    """Every check short of building the model (which imports transformers: seconds)."""
     sets = list(args.set)
     for key, value in (
         ("search.trials", args.trials),
@@ -109,11 +115,15 @@ def configure(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     space_for(config, use_gpu=False, num_nodes=1)  # a mistake in the spaces stops before Ray
     _check_dry_run_options(args, config)
     faults = parse_faults(args.inject_faults)
-    config = absolute_paths(config)
+    return absolute_paths(config), faults
+
+
+def _with_model(config: Config) -> Config:
+    """The config with the model checked (built once on the driver; what it found said)."""
     config, notes = check_model(config)
     for note in notes:
         print(note)
-    return config, faults
+    return config
 
 
 def _check_dry_run_options(args: argparse.Namespace, config: Config) -> None:
@@ -139,11 +149,12 @@ def output_dir(args: argparse.Namespace, config: Config) -> Path:
 
 
 def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
-    """Everything that can fail on user input, checked before Ray starts."""
-    config, faults = configure(args)
+    """Everything that can fail on user input, checked before Ray starts: the cheap checks
+    (the folder, the address) before the model is built."""
+    config, faults = _settings(args)
     out = output_dir(args, config)
     if args.dry_run:  # writes nothing: any --out, even one holding a study, is fine
-        return config, out, faults
+        return _with_model(config), out, faults
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")
     if not args.resume and any(
@@ -153,7 +164,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
             "--out",
             f"{out} already holds a study; pass --resume to continue it or choose another --out",
         )
-    return config, out, faults
+    return _with_model(config), out, faults
 
 
 def check_storage(config: Config, out: Path) -> str | None:
