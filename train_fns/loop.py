@@ -158,7 +158,12 @@ class StepRunner:
             loss = self.loss(batch) / self.plan.accumulation_steps
         self.precision.backward(loss)
         elapsed = self.timer.now() - start
-        self.optimizer.zero_grad(set_to_none=True)
+        # Zeroed, not dropped, under DDP's find_unused_parameters: its reducer remembers which
+        # parameters the no-sync backward used and all-reduces them at the next synced one,
+        # which fails on a gradient set to None ("undefined, but still allreduced by DDP
+        # reducer"). The zeros add nothing to the next step's gradients (a parameter no rank
+        # uses in that step then gets a zero one, not none: once per configuration).
+        self.optimizer.zero_grad(set_to_none=not self.plan.ddp.find_unused_parameters)
         discard_unsynced_gradients(self.model)  # FSDP2 keeps them where zero_grad cannot see
         return elapsed
 

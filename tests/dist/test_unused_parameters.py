@@ -95,3 +95,34 @@ def test_unused_experts_train_exactly_with_hsdp(references: list) -> None:
 def test_ddp_without_find_unused_parameters_stops_as_users_saw(accumulation: int) -> None:
     (stopped,) = run_distributed(step_losses, [plan(2, accumulation).to_dict()], STEPS)[0]
     assert isinstance(stopped, str) and "Expected to have finished reduction" in stopped
+
+
+def _search_loop(rank: int, world_size: int, plans: list[dict]) -> list:
+    """Each plan through the search's own loop (warm-up with the guard, windows, and at
+    accumulation 1 the no-sync reference step): its windows' losses, or what stopped it."""
+    from train_fns import metrics as m
+    from train_fns.loop import run_training
+
+    out: list = []
+    for data in plans:
+        windows: list[dict] = []
+        try:
+            run_training(TrialPlan.from_dict(data), rank, world_size, CPU, windows.append)
+        except RuntimeError as e:
+            out.append(str(e))
+            continue
+        out.append([w[m.LOSS] for w in windows])
+    return out
+
+
+def test_the_search_loop_measures_such_a_model() -> None:
+    """The trial loop adds what step_losses does not: the guard's warm-up and, without
+    accumulation, a no-sync reference micro-step whose gradients are discarded (DDP's reducer
+    with find_unused_parameters then saw undefined gradients it still meant to all-reduce)."""
+    steps = {"warmup_steps": 3, "measure_steps": 4, "num_windows": 2}
+    fsdp = {"strategy": "fsdp", "ddp": FOUND, "unused_parameters": True}
+    plans = [plan(2, 1, ddp=FOUND, **steps), plan(2, 2, ddp=FOUND, **steps),
+             plan(2, 1, **fsdp, **steps), plan(2, 2, **fsdp, **steps)]  # fmt: skip
+    results = run_distributed(_search_loop, [p.to_dict() for p in plans], timeout_s=240)[0]
+    for result in results:
+        assert not isinstance(result, str) and len(result) == 2, result
