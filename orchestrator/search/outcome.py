@@ -169,6 +169,7 @@ def _user_package(plan: TrialPlan) -> str | None:
     module = str(plan.entrypoint or "").rpartition(":")[0]
     return module.split(".")[0] if module and not module.endswith(".py") else None
 _DISTRIBUTED = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel)[/\\]")
+_REDUCER = re.compile(r"\bDDP\b|\breducer\b|ProcessGroup|NCCL error", re.I)
 
 
 def _whose(text: str, package: str | None = None) -> tuple[str, int]:
@@ -184,7 +185,10 @@ def _whose(text: str, package: str | None = None) -> tuple[str, int]:
     if users:
         return "the training code", users[-1]
     innermost = files[-1] if files else ""
-    if _DISTRIBUTED.search(innermost):
+    raised = _RAISED.findall(body)
+    # DDP's reducer raises from its C++ autograd hooks: the innermost Python frame is then
+    # torch.autograd's engine, and only the message names the reducer
+    if _DISTRIBUTED.search(innermost) or (raised and _REDUCER.search(raised[-1])):
         return "torch.distributed (DDP, FSDP or a collective, called by commtune's step)", -1
     if _COMMTUNE.search(innermost):
         return "commtune's worker code (a commtune bug: please report it)", -1

@@ -191,6 +191,17 @@ def test_a_failure_is_attributed_to_whose_code_raised_it() -> None:
         assert ("set workload.unused_parameters: true" in reason) == (raised == REDUCER), reason
 
 
+def test_a_reducer_error_raised_in_autograd_is_torch_distributeds() -> None:
+    """DDP's reducer raises from its C++ hooks: the innermost Python frame is autograd's
+    engine, and only the message names the reducer (seen in an end-to-end MoE search)."""
+    frames = [f"{ROOT}/train_fns/loop.py", f"{SITE}/torch/_tensor.py",
+              f"{SITE}/torch/autograd/graph.py"]  # fmt: skip
+    raised = ("RuntimeError: Encountered gradient which is undefined, but still allreduced by "
+              "DDP reducer. This indicates a bug in DDP implementation")  # fmt: skip
+    exc = FakeWorkerGroupError({0: _worker_traceback(frames, raised)})
+    assert "torch.distributed (DDP, FSDP" in classify_failure(exc, PLAN)[1]
+
+
 def test_a_folder_named_like_commtunes_is_the_users_and_an_installed_package_too() -> None:
     """Frames are commtune's by where commtune is, not by a folder's name; a package-form
     entrypoint's frames are the user's even in site-packages."""
