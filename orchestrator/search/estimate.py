@@ -12,6 +12,7 @@ traffic in bytes; it does not replace a measurement.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from orchestrator.search.proposer import (
     cost_model_seeds,
     nominal_link,
     ranked_candidates,
+    seed_count,
 )
 from search_spaces import PLAN_KNOBS
 
@@ -66,15 +68,18 @@ class Ranking:
 def ranking(
     config: Config, nodes: int, link: Link | None, tflops: float | None, size: ModelSize
 ) -> Ranking:
-    """The search's candidates in a GPU/NCCL context over ``nodes`` nodes, ranked as the
-    search ranks them. No link or TFLOP/s: the live search's own nominal figures, so the
-    seeds are the ones it runs without a probe."""
-    space = space_for(config, use_gpu=True, num_nodes=nodes)
+    """The search's candidates over ``nodes`` nodes, on GPU workers where the config says so
+    (``cluster.use_gpu: auto``: where this machine has one), ranked as the search ranks them.
+    No link or TFLOP/s: the live search's own nominal figures, so the seeds are the ones it
+    runs without a probe."""
+    use_gpu = config.cluster.use_gpu
+    if not isinstance(use_gpu, bool):  # auto: the dry run sees this machine only
+        use_gpu = shutil.which("nvidia-smi") is not None
+    space = space_for(config, use_gpu=use_gpu, num_nodes=nodes)
     link = link or nominal_link(space.context)
-    tflops = tflops or NOMINAL_TFLOPS[True]
+    tflops = tflops or NOMINAL_TFLOPS[use_gpu]
     compute_s = compute_s_per_sample(size.num_params, config.workload.seq_len, tflops)
-    count = config.search.cost_model_seeds if config.search.sampler != "grid" else 0  # Proposer
-    seeds = cost_model_seeds(space, size, link, compute_s, count)
+    seeds = cost_model_seeds(space, size, link, compute_s, seed_count(config))
     ranked = ranked_candidates(space, size, link, compute_s)
     return Ranking(link, tflops, ranked, space.baseline(), seeds)
 

@@ -20,7 +20,7 @@ from orchestrator.search.context import context_for
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.group_run import slowest_start
-from orchestrator.search.proposer import Proposer, make_sampler, search_seeds
+from orchestrator.search.proposer import Proposer, make_sampler, search_seeds, seed_count
 from orchestrator.search.results import (
     baseline_failure,
     baseline_record,
@@ -198,11 +198,11 @@ def _tune(
 def _seeds(ctx: TrialContext) -> list[dict]:
     """The cost model's best-ranked configurations, on the probed link when there is one."""
     cfg = ctx.config
-    if not cfg.search.cost_model_seeds or cfg.search.sampler == "grid":
+    if not seed_count(cfg):
         return []
     size = model_size(cfg)
     seeds = search_seeds(
-        ctx.space, size, cfg.workload.seq_len, cfg.search.cost_model_seeds, ctx.link
+        ctx.space, size, cfg.workload.seq_len, seed_count(cfg), ctx.link
     )
     shown = "the probed link" if ctx.link else "nominal figures"
     print(f"cost model ({shown}): {len(seeds)} seed configuration(s) after the baseline")

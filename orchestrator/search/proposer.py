@@ -268,6 +268,12 @@ def nominal_link(context: SearchContext) -> Link:
     return LINKS["net_100g" if context.num_nodes > 1 else "nvlink_a100"]
 
 
+def seed_count(config: Any) -> int:
+    """How many cost-model seeds a search of ``config`` starts from (a grid has none)."""
+    search = config.search
+    return 0 if search.sampler == "grid" else search.cost_model_seeds
+
+
 def search_seeds(
     space: SearchSpace, model: ModelSize, seq_len: int, count: int, link: Link | None = None
 ) -> list[dict[str, Any]]:

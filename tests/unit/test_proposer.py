@@ -10,6 +10,7 @@ import pytest
 from orchestrator.config import SAMPLERS, load_config
 from orchestrator.costmodel import LINKS, ModelSize
 from orchestrator.search import estimate, pipeline
+from orchestrator.search.context import context_for
 from orchestrator.search.proposer import (
     Proposer,
     cost_model_seeds,
@@ -158,7 +159,8 @@ def test_the_dry_run_ranks_what_the_search_seeds_from(
     it ranks that slice, in the context the search builds, and marks the seeds it would run."""
     import ray
 
-    config = load_config(None, "smoke", ["cluster.num_workers=4", "search.cost_model_seeds=4"])
+    sets = ["cluster.num_workers=4", "search.cost_model_seeds=4", "cluster.use_gpu=true"]
+    config = load_config(None, "smoke", sets)
     fake = [{"Alive": True, "NodeID": f"n{i}", "Resources": {"GPU": 2, "CPU": 8}}
             for i in range(nodes)]  # fmt: skip
     monkeypatch.setattr(ray, "nodes", lambda: fake)
@@ -192,6 +194,21 @@ def test_nothing_is_queued_past_the_budget(strategy: str) -> None:
     study = _run(space, strategy, 4, 4)
     waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(study.trials) == 4 and not waiting
+
+
+def test_the_dry_run_prices_cpu_workers_where_the_search_would_run_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cpu-demo on a machine without a GPU (use_gpu: auto): the seeds the dry run marks are
+    the CPU search's (it once priced every config on NVLink at 100 TFLOP/s)."""
+    monkeypatch.setattr(estimate.shutil, "which", lambda name: None)  # no nvidia-smi here
+    config = load_config(None, "cpu-demo", [])
+    dry = estimate.ranking(config, 1, None, None, ModelSize.bert_large())
+    assert not any(k.startswith("NCCL") for p in dry.seeds for k in p) and dry.tflops < 1
+    space = SearchSpace(load_spaces(config.search.spaces), context_for(config, False, 1))
+    seeds = search_seeds(space, ModelSize.bert_large(), config.workload.seq_len,
+                         config.search.cost_model_seeds)  # fmt: skip
+    assert dry.seeds == seeds and dry.baseline == space.baseline()
 
 
 def test_a_dry_run_beside_a_finished_study_is_not_refused(tmp_path, capsys) -> None:  # noqa: ANN001
