@@ -132,5 +132,9 @@ HANG_EXIT_CODE = 75
 WATCHDOG_PREFIX = "commtune watchdog:"
 """Start of the one stderr line the watchdog prints before ending a hung worker."""
 STATE_FILE = "train_state.json"
+HANG_MARKER_DIR = "hang-markers"
+"""Where, inside a search group's trial folder, a hung worker's watchdog leaves its marker."""
+HANG_MARKER = "hang-rank{rank}.txt"
+"""A hung rank's marker file (``.format(rank=...)``; ``rank="*"`` globs them all)."""
 """A training checkpoint's state file; the driver reads it before Ray starts (here, not in
 ``train_fns.elastic``, so that reading it does not import torch)."""

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from train_fns.metrics import HANG_EXIT_CODE, WATCHDOG_PREFIX
+from train_fns.metrics import HANG_EXIT_CODE, HANG_MARKER, WATCHDOG_PREFIX
 
 
 class Watchdog:
@@ -82,7 +82,7 @@ class Watchdog:
             return
         try:
             os.makedirs(self._marker_dir, exist_ok=True)
-            path = os.path.join(self._marker_dir, f"hang-rank{self.rank}.txt")
+            path = os.path.join(self._marker_dir, HANG_MARKER.format(rank=self.rank))
             with open(path, "w") as f:
                 f.write(message + "\n")
         except OSError as e:  # the exit must happen anyway; the driver then says "crash"

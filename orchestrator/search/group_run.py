@@ -123,7 +123,7 @@ class GroupRun:
         self, ctx: Any, name: str, nodes: list[str] | None = None,
         out: Callable[[str], Any] = say, owned: bool = False,
     ) -> None:  # fmt: skip
-        self.marker_dir = Path(ctx.storage_path) / name / "hang-markers"
+        self.marker_dir = Path(ctx.storage_path) / name / m.HANG_MARKER_DIR
         shutil.rmtree(self.marker_dir, ignore_errors=True)  # a rerun must not see old markers
         self.ctx, self.name, self.nodes, self.owned = ctx, name, nodes, owned
         self.plans: list[TrialPlan] = []
@@ -345,7 +345,8 @@ class GroupRun:
         """What the workers' watchdogs left before ending themselves (empty: no hang)."""
         if not self.marker_dir.is_dir():
             return []
-        return [p.read_text().strip() for p in sorted(self.marker_dir.glob("hang-rank*.txt"))]
+        markers = sorted(self.marker_dir.glob(m.HANG_MARKER.format(rank="*")))
+        return [p.read_text().strip() for p in markers]
 
     @staticmethod
     def _pruned(plan: TrialPlan, windows: list[list[dict[str, Any]]]) -> Outcome:
