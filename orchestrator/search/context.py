@@ -35,10 +35,22 @@ def context_for(
 
 
 def space_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchSpace:
-    """The config's search spaces on that context; a mistake in them (a missing strategy
-    space, a condition on an unknown name) is a ConfigError naming its key."""
+    """The config's search spaces on a context built here (``context_for``)."""
     try:
-        context = context_for(config, use_gpu, num_nodes)
+        return space_of(config, context_for(config, use_gpu, num_nodes))
+    except SpaceError as e:
+        raise spaces_error(e) from e
+
+
+def space_of(config: Config, context: SearchContext) -> SearchSpace:
+    """The config's search spaces on ``context``; a mistake in them (a missing strategy space,
+    a condition on an unknown name) is a ConfigError naming its key."""
+    try:
         return SearchSpace(load_spaces(config.search.spaces), context)
     except SpaceError as e:
-        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+        raise spaces_error(e) from e
+
+
+def spaces_error(e: SpaceError) -> ConfigError:
+    """A SpaceError as the config key it is about (``search.spaces.<param>``)."""
+    return ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e))

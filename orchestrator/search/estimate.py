@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, knob_traffic
+from orchestrator.costmodel import LINKS, Link, ModelSize, knob_traffic
 from orchestrator.inputs import check_range
 from orchestrator.plans import check_entrypoint
 from orchestrator.search.context import space_for
 from orchestrator.search.proposer import (
     NOMINAL_TFLOPS,
-    cost_model_seeds,
+    nominal_compute_s,
     nominal_link,
     ranked_candidates,
+    search_seeds,
     seed_count,
 )
 from search_spaces import PLAN_KNOBS
@@ -77,11 +78,11 @@ def ranking(
         use_gpu = shutil.which("nvidia-smi") is not None
     space = space_for(config, use_gpu=use_gpu, num_nodes=nodes)
     link = link or nominal_link(space.context)
-    tflops = tflops or NOMINAL_TFLOPS[use_gpu]
-    compute_s = compute_s_per_sample(size.num_params, config.workload.seq_len, tflops)
-    seeds = cost_model_seeds(space, size, link, compute_s, seed_count(config))
+    seq_len = config.workload.seq_len
+    seeds = search_seeds(space, size, seq_len, seed_count(config), link, tflops)
+    compute_s = nominal_compute_s(space.context, size, seq_len, tflops)
     ranked = ranked_candidates(space, size, link, compute_s)
-    return Ranking(link, tflops, ranked, space.baseline(), seeds)
+    return Ranking(link, tflops or NOMINAL_TFLOPS[use_gpu], ranked, space.baseline(), seeds)
 
 
 def check_dry_run(config: Config, link_name: str | None, nodes: int, tflops: float | None) -> None:

@@ -16,7 +16,7 @@ from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
 from orchestrator.search import evidence, study
-from orchestrator.search.context import context_for
+from orchestrator.search.context import context_for, space_of, spaces_error
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, remeasure
 from orchestrator.search.group_run import slowest_start
@@ -40,7 +40,7 @@ from orchestrator.session import (
 )
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
-from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from search_spaces import SearchContext, SpaceError
 from train_fns.ranks import nccl_version
 
 log = logging.getLogger("commtune")
@@ -87,7 +87,7 @@ def run_search(
     try:
         use_gpu = resolve_gpu(config)
         check_capacity(config, use_gpu)
-        space = SearchSpace(load_spaces(config.search.spaces), search_context(config, use_gpu))
+        space = space_of(config, search_context(config, use_gpu))
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
@@ -117,7 +117,7 @@ def run_search(
         lines.append(write_report(out))
         return lines, baseline_failure(recs, space.baseline())
     except SpaceError as e:  # e.g. a grid too large for this cluster's context
-        raise ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e)) from e
+        raise spaces_error(e) from e
     finally:
         ray.shutdown()
 

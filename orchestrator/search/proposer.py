@@ -275,12 +275,20 @@ def seed_count(config: Any) -> int:
 
 
 def search_seeds(
-    space: SearchSpace, model: ModelSize, seq_len: int, count: int, link: Link | None = None
+    space: SearchSpace, model: ModelSize, seq_len: int, count: int, link: Link | None = None,
+    tflops: float | None = None,
 ) -> list[dict[str, Any]]:
     """The seeds a live search starts from: :func:`cost_model_seeds` on ``link`` (a probe's,
-    or :func:`nominal_link`) with compute from :data:`NOMINAL_TFLOPS`."""
+    or :func:`nominal_link`) with compute at ``tflops`` (default :data:`NOMINAL_TFLOPS`)."""
     context = space.context
-    per_sample_s = compute_s_per_sample(
-        model.num_params, seq_len, NOMINAL_TFLOPS[context.use_gpu]
-    )
+    per_sample_s = nominal_compute_s(context, model, seq_len, tflops)
     return cost_model_seeds(space, model, link or nominal_link(context), per_sample_s, count)
+
+
+def nominal_compute_s(
+    context: SearchContext, model: ModelSize, seq_len: int, tflops: float | None = None
+) -> float:
+    """Seconds of compute per sample the cost model assumes: at ``tflops`` per rank, else the
+    search's nominal figure for its workers (:data:`NOMINAL_TFLOPS`)."""
+    rate = tflops or NOMINAL_TFLOPS[context.use_gpu]
+    return compute_s_per_sample(model.num_params, seq_len, rate)
