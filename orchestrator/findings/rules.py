@@ -259,15 +259,14 @@ def rule_memory(record: RunRecord) -> Finding | None:
 
 def rule_nonfinite(record: RunRecord) -> Finding | None:
     """Numerics: skipped steps waste the run and hint at fp16 overflow or a too-high LR."""
-    steps = num(record.summary.get("steps"))
-    bad = num(record.summary.get("nonfinite_steps"))
-    rate = num(record.summary.get("nonfinite_rate"))
+    summary = record.summary  # typed: a count or rate of the wrong kind reads as None
+    steps, bad, rate = summary.steps, summary.nonfinite_steps, summary.nonfinite_rate
     if rate is None and bad is not None and steps:
         rate = bad / steps
     if rate is None or rate <= NONFINITE_RATE_MAX:
         return None
     counted = f"{bad:.0f} of {steps:.0f} steps" if bad is not None and steps else "rate"
-    scale = num(record.summary.get("loss_scale"))
+    scale = summary.loss_scale
     return Finding(
         "high",
         f"{_pct(rate)} of steps had non-finite loss or gradients",

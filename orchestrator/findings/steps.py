@@ -76,7 +76,7 @@ def trial_step(row: dict[str, str], label: str, record: RunRecord) -> StepParts:
 
 def training_step(record: RunRecord) -> StepParts | None:
     """Medians over the training run's logged steps; summary fractions win where given."""
-    if not record.progress and not record.summary:
+    if not record.progress and not record.summary.given():
         return None
     keys = ("step_time_s", "data_s", "compute_s", "exposed_comm_s", "optim_s", "fwd_bwd_s")
     parts = {}
@@ -89,8 +89,8 @@ def training_step(record: RunRecord) -> StepParts | None:
         else f"training run ({SUMMARY_JSON})"
     )
     given = {
-        "comm_fraction_given": num(record.summary.get("comm_fraction")),
-        "data_fraction_given": num(record.summary.get("data_fraction")),
+        "comm_fraction_given": record.summary.comm_fraction,
+        "data_fraction_given": record.summary.data_fraction,
     }
     return StepParts(label, **parts, **given, sharded=_sharded(record))
 

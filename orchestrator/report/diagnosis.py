@@ -176,14 +176,17 @@ def section_gradients(record: RunRecord) -> str:
 
 
 def _summary_line(record: RunRecord) -> str:
-    keys = ("steps", "final_loss", "samples_per_s", "nonfinite_steps", "nonfinite_rate")
-    shown = [
-        f"{k} {fmt(num(record.summary.get(k)))}" for k in keys if record.summary.get(k) is not None
-    ]
-    if record.summary.get("loss_scale") is not None:
-        shown.append(f"loss scale {record.summary['loss_scale']}")
-    if isinstance(record.summary.get("restarts"), list):
-        shown.append(f"{len(record.summary['restarts'])} restart(s)")
+    """The training run's totals (``Summary``: a figure of the wrong kind is absent)."""
+    summary = record.summary
+    figures = (("steps", summary.steps), ("final_loss", summary.final_loss),
+               ("samples_per_s", summary.samples_per_s),
+               ("nonfinite_steps", summary.nonfinite_steps),
+               ("nonfinite_rate", summary.nonfinite_rate))  # fmt: skip
+    shown = [f"{label} {fmt(value)}" for label, value in figures if value is not None]
+    if summary.loss_scale is not None:
+        shown.append(f"loss scale {summary.loss_scale:g}")
+    if summary.restarts is not None:
+        shown.append(f"{len(summary.restarts)} restart(s)")
     return f"<p>{esc('Training run: ' + ', '.join(shown))}.</p>" if shown else ""
 
 

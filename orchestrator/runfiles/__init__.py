@@ -1,10 +1,11 @@
-"""The run folder, in one place: which files a run holds, what run_info.json records, and the
-record the doctor and the report read.
+"""The run folder, in one place: which files a run holds, what run_info.json and summary.json
+record, and the record the doctor and the report read.
 
 Every command that writes or reads a run folder goes through here, so a file's name, a
-run_info key and how each is read are decided once (a test holds every other module to it):
-``files`` names the files and reads and writes them, ``info`` is run_info.json as a typed
-record, ``record`` is a whole folder read once.
+run_info or summary key and how each is read are decided once (a test holds every other module
+to it): ``files`` names the files and reads and writes them (whole files atomically),
+``info`` is run_info.json and ``summary`` summary.json as typed records (``kinds``: a value of
+the wrong kind reads as absent), ``record`` is a whole folder read once.
 """
 
 from orchestrator.runfiles.files import (
@@ -39,9 +40,11 @@ from orchestrator.runfiles.files import (
     storage_dir,
     topology,
     write_atomic,
+    write_csv,
 )
 from orchestrator.runfiles.info import RunInfo, add_search_wall, read_run_info, update_run_info
 from orchestrator.runfiles.record import RunRecord, collect, num
+from orchestrator.runfiles.summary import Summary, write_summary
 
 __all__ = [
     "BEST_ENV",
@@ -69,6 +72,7 @@ __all__ = [
     "WRITTEN_FILES",
     "RunInfo",
     "RunRecord",
+    "Summary",
     "add_search_wall",
     "collect",
     "missing_dirs",
@@ -82,4 +86,6 @@ __all__ = [
     "topology",
     "update_run_info",
     "write_atomic",
+    "write_csv",
+    "write_summary",
 ]

@@ -8,12 +8,14 @@ folder holds TRAIN_FILES, beside the search's in a ``train`` subfolder or on its
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +102,36 @@ def missing_dirs(dirs: list[Path]) -> list[str]:
     ]
 
 
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+CSV_MAX_BYTES = 64 << 20
+"""The largest CSV a reader takes (progress.csv of some 300,000 logged steps): a run folder may
+come from someone else, and a bigger file is skipped with a line naming the cap rather than
+read whole into memory (JSON and YAML files are capped at ``MAX_FILE_BYTES``, 1 MiB)."""
+
+
+def read_csv(path: Path, limit: int = CSV_MAX_BYTES) -> list[dict[str, str]]:
+    """A CSV file's rows as strings; raises OSError, ValueError (not a regular file, larger
+    than ``limit``, not UTF-8) or csv.Error, which a reader of a run folder skips."""
+    return list(csv.DictReader(io.StringIO(read_capped(path, limit), newline="")))
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A CSV file written whole: the text is built first, then renamed into place
+    (``write_atomic``), so a reader never sees half a table; None cells are written blank."""
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_atomic(path, text.getvalue())
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
-    """A JSON or YAML file that must hold a mapping (ValueError otherwise)."""
+    """A JSON or YAML file that must hold a mapping (ValueError otherwise, also for JSON nested
+    too deep for the parser: a RecursionError would end the doctor with a traceback)."""
     text = read_capped(path)  # a run folder may come from someone else: capped, guarded
-    data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ValueError(f"expected a mapping, got {type(data).__name__}")
     return data

@@ -3,7 +3,8 @@ report read, declared once.
 
 Writers pass a ``RunInfo`` holding the keys they know (the rest None) and it is merged into
 the file; readers get a ``RunInfo`` whatever the file holds: a value of the wrong kind (a
-hand-edited file, one from another version) reads as absent rather than failing a rule later.
+hand-edited file, one from another version; a negative or non-finite number) reads as absent
+rather than failing a rule later (``kinds``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.runfiles.files import RUN_INFO, read_mapping, topology, write_atomic
+from orchestrator.runfiles.kinds import typed_fields
 
 
 @dataclass(frozen=True)
@@ -45,28 +47,13 @@ class RunInfo:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> RunInfo:
-        """The keys this record knows, each of its kind; other keys and wrong kinds are dropped."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            value = data.get(f.name)
-            values[f.name] = value if f.type == "Any" else _of_kind(value, str(f.type))
-        return cls(**values)
+        """The keys this record knows, each of its kind (``kinds.of_kind``: finite, not
+        negative); other keys and wrong kinds are dropped."""
+        return cls(**typed_fields(cls, data))
 
     def given(self) -> dict[str, Any]:
         """The keys that hold a value: what a writer adds to the file."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-
-def _of_kind(value: Any, kind: str) -> Any:
-    """``value`` if it is of ``kind`` (an ``X | None`` annotation), else None; numbers may be
-    ints or floats, never bools (JSON's true is not a count)."""
-    if "bool" in kind:
-        return value if isinstance(value, bool) else None
-    if "str" in kind:
-        return value if isinstance(value, str) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value) if "int" in kind and float(value).is_integer() else float(value)
 
 
 def read_run_info(out: Path) -> RunInfo:

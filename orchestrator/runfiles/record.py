@@ -1,7 +1,8 @@
 """A run as the doctor and the report see it: whatever files its folder holds, read once.
 
 The files are read from each folder and its ``train`` subfolder (``files.KNOWN_FILES``);
-run_info.json becomes a ``RunInfo``. An unreadable file is noted and skipped: the other rules
+run_info.json becomes a ``RunInfo`` and summary.json a ``Summary``. An unreadable file, or a
+value of the wrong kind in one (a hand edit), is noted in one line and skipped: the other rules
 still run.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ from orchestrator.runfiles.files import (
     topology,
 )
 from orchestrator.runfiles.info import RunInfo
+from orchestrator.runfiles.kinds import wrong_kinds
+from orchestrator.runfiles.summary import Summary
+from search_spaces._yaml import read_capped
 
 log = logging.getLogger("commtune")
 
@@ -41,6 +46,7 @@ class RunRecord:
 
     files: dict[str, Path] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)
+    """Per file, why it (or a part of it, read as absent) was skipped: one line each."""
     trials: list[dict[str, str]] = field(default_factory=list)
     param_names: list[str] = field(default_factory=list)
     best_config: dict[str, Any] = field(default_factory=dict)
@@ -49,17 +55,22 @@ class RunRecord:
     run_info: RunInfo = field(default_factory=RunInfo)
     probe: list[dict[str, str]] = field(default_factory=list)
     remeasure: list[dict[str, str]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)
     progress: list[dict[str, str]] = field(default_factory=list)
     topology: dict[str, Any] = field(default_factory=dict)
 
+    def _section(self, key: str) -> dict[str, Any]:
+        """A section of best.yaml, {} when absent or not a mapping (a hand edit)."""
+        value = self.best_config.get(key)
+        return value if isinstance(value, dict) else {}
+
     @property
     def name(self) -> str | None:
-        return self.best_config.get("name")
+        return _text(self.best_config.get("name"))
 
     @property
     def model(self) -> str | None:
-        return (self.best_config.get("workload") or {}).get("model")
+        return _text(self._section("workload").get("model"))
 
     @property
     def backend(self) -> str | None:
@@ -67,19 +78,23 @@ class RunRecord:
         probed = {r.get("backend") for r in self.probe} - {None, ""}
         if self.run_info.backend or len(probed) == 1:
             return self.run_info.backend or probed.pop()
-        cpu_only = (self.best_config.get("cluster") or {}).get("use_gpu") is False
+        cpu_only = self._section("cluster").get("use_gpu") is False
         return "gloo" if cpu_only else None
 
     @property
     def world_size(self) -> int | None:
-        workers = (self.best_config.get("cluster") or {}).get("num_workers")
-        trained = self.summary.get("world_sizes") or [None]  # a training run's sizes, sorted
-        size = self.run_info.world_size or workers or trained[-1]
-        return int(size) if num(size) else None
+        """run_info's, else best.yaml's workers, else the largest size a training run had."""
+        trained = self.summary.world_sizes or [None]  # sorted
+        for size in (self.run_info.world_size, self._section("cluster").get("num_workers"),
+                     trained[-1]):  # fmt: skip
+            count = num(size)
+            if count is not None and count >= 1 and count.is_integer():
+                return int(count)
+        return None
 
     @property
     def env(self) -> dict[str, Any]:
-        return self.best_config.get("env") or {}
+        return self._section("env")
 
     def trial(self, number: int | None) -> dict[str, str] | None:
         return next((r for r in self.trials if num(r.get("number")) == number), None)
@@ -103,59 +118,119 @@ class RunRecord:
         return max(done, key=lambda r: num(r["samples_per_s"])) if done else None
 
 
+def _text(value: Any) -> str | None:
+    """A name from best.yaml: a string, else absent (``name: [1]`` is no study name)."""
+    return value if isinstance(value, str) else None
+
+
 def num(value: Any) -> float | None:
-    """A CSV cell or JSON value as a float; blanks and junk are None (absent, not zero)."""
+    """A CSV cell or JSON value as a finite float; blanks, junk and "nan"/"inf" are None
+    (absent, not zero: an infinite samples/s must not make a trial the best)."""
     if value is None or value == "" or isinstance(value, bool):
         return None
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if math.isfinite(number) else None
 
 
-def _read_info(path: Path) -> RunInfo:
-    return RunInfo.from_mapping(read_mapping(path))
+Read = Callable[[Path], tuple[Any, list[str]]]
+"""A file's reader: its value and the keys it read as absent (of the wrong kind)."""
 
 
-_READERS: dict[str, tuple[str, Callable[[Path], Any]]] = {
-    TRIALS_CSV: ("trials", read_csv),
-    BEST_YAML: ("best_config", read_mapping),
-    RUN_INFO: ("run_info", _read_info),
-    PROBE_CSV: ("probe", read_csv),
-    REMEASURE_CSV: ("remeasure", read_csv),
-    SUMMARY_JSON: ("summary", read_mapping),
-    PROGRESS_CSV: ("progress", read_csv),
+def _rows(path: Path) -> tuple[list[dict[str, str]], list[str]]:
+    """A CSV's rows: every cell a string, judged where it is used (``num``)."""
+    return read_csv(path), []
+
+
+def _typed(record: type[RunInfo] | type[Summary]) -> Read:
+    """A reader of a JSON record: wrong kinds read as absent, and named."""
+
+    def read(path: Path) -> tuple[Any, list[str]]:
+        raw = read_mapping(path)
+        return record.from_mapping(raw), wrong_kinds(record, raw)
+
+    return read
+
+
+_BEST_SECTIONS: dict[str, type] = {
+    "name": str, "cluster": dict, "workload": dict, "search": dict, "train": dict, "env": dict,
+}  # fmt: skip
+"""best.yaml's top-level keys and their kinds: a config's sections are mappings."""
+
+
+def _read_best(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """best.yaml without its keys of the wrong kind (``cluster: 5`` is no section)."""
+    config = read_mapping(path)
+    wrong = [k for k, kind in _BEST_SECTIONS.items() if k in config
+             and not isinstance(config[k], kind)]  # fmt: skip
+    return {k: v for k, v in config.items() if k not in wrong}, wrong
+
+
+_READERS: dict[str, tuple[str, Read]] = {
+    TRIALS_CSV: ("trials", _rows),
+    BEST_YAML: ("best_config", _read_best),
+    RUN_INFO: ("run_info", _typed(RunInfo)),
+    PROBE_CSV: ("probe", _rows),
+    REMEASURE_CSV: ("remeasure", _rows),
+    SUMMARY_JSON: ("summary", _typed(Summary)),
+    PROGRESS_CSV: ("progress", _rows),
 }
 """Which RunRecord field each file fills (grad_norms.csv is read where it is drawn)."""
+
+UNREADABLE = (OSError, ValueError, csv.Error, yaml.YAMLError)
+"""What reading a file may raise (read_capped, json, the guarded YAML loader, csv): skipped."""
 
 
 def collect(dirs: list[Path]) -> RunRecord:
     """A RunRecord from whatever files the folders hold; the first folder holding a file wins.
 
-    An unreadable file is noted and skipped (with a warning): the other rules still run.
+    An unreadable file, or a value of the wrong kind in one, is noted and skipped (with a
+    warning): the other rules, figures and sections still run.
     """
     record = RunRecord()
     for folder in dirs:
         for name, path in run_files(Path(folder)).items():
             record.files.setdefault(name, path)
     for name, (attr, reader) in _READERS.items():
-        if name not in record.files:
-            continue
-        try:
-            setattr(record, attr, reader(record.files[name]))
-        except (OSError, ValueError, csv.Error, yaml.YAMLError) as e:
-            log.warning("doctor: skipping unreadable %s: %s", record.files[name], e)
-            record.unreadable[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if name in record.files:
+            _read_into(record, name, attr, reader)
     if record.trials:
         header = list(record.trials[0])
         end = header.index("samples_per_s") if "samples_per_s" in header else len(header)
         record.param_names = header[2:end]  # number, state, then the params (results.py)
-    if record.best_config:  # results.py's header line names the trial it was written from
-        head = record.files[BEST_YAML].read_text().partition("\n")[0]
-        match = re.match(r"# commtune best configuration: trial (\d+)", head)
-        record.best_number = int(match[1]) if match else None
+    if record.best_config:
+        record.best_number = _best_number(record.files[BEST_YAML])
     record.topology = _recorded_topology(record.run_info.topology)
     return record
+
+
+def _read_into(record: RunRecord, name: str, attr: str, reader: Read) -> None:
+    """One file into its field, or a line saying why not: the doctor and the report both read
+    a folder through here, so the line names neither."""
+    path = record.files[name]
+    try:
+        value, wrong = reader(path)
+    except UNREADABLE as e:
+        log.warning("skipping unreadable %s: %s", path, e)
+        record.unreadable[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return
+    setattr(record, attr, value)
+    if wrong:
+        why = f"{', '.join(wrong)}: wrong kind or value, read as absent"
+        log.warning("reading %s: %s", path, why)
+        record.unreadable[name] = why
+
+
+def _best_number(path: Path) -> int | None:
+    """The trial best.yaml was written from: results.py's header line names it."""
+    try:
+        head = read_capped(path).partition("\n")[0]
+    except UNREADABLE:
+        return None
+    match = re.match(r"# commtune best configuration: trial (\d+)", head)
+    return int(match[1]) if match else None
 
 
 def _recorded_topology(recorded: Any) -> dict[str, Any]:

@@ -7,10 +7,9 @@ bounded number of times), written to remeasure.csv and judged by ``orchestrator.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-from orchestrator.runfiles import REMEASURE_CSV
+from orchestrator.runfiles import REMEASURE_CSV, write_csv
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.verdict import Measure, Run, Verdict, disturbances, judge
@@ -109,18 +108,17 @@ def _write_csv(
     path: Path,
 ) -> None:
     """One row per measurement: a repeat shares its run's position; ``disturbed`` says why a
-    measurement was left out of the verdict."""
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["position", "repeat", "trial", "role", "state", "samples_per_s",
-                    "throughput_cv", "windows", "disturbed", m.PLACEMENT])  # fmt: skip
-        for i, rec in enumerate(order):
-            for k, res in enumerate(results[i]):
-                w.writerow(
-                    [
-                        i, k, rec.number, "baseline" if rec is baseline else "finalist",
-                        res.get(m.STATE), res.get(m.SAMPLES_PER_S) or "",
-                        res.get(m.THROUGHPUT_CV) or "", windows, why[i][k],
-                        res.get(m.PLACEMENT, ""),
-                    ]
-                )  # fmt: skip
+    measurement was left out of the verdict. Written whole (``runfiles.write_csv``): a reader
+    such as the report never sees half the verdict's evidence."""
+    header = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
+              "windows", "disturbed", m.PLACEMENT]  # fmt: skip
+    rows = [
+        [
+            i, k, rec.number, "baseline" if rec is baseline else "finalist",
+            res.get(m.STATE), res.get(m.SAMPLES_PER_S) or "",
+            res.get(m.THROUGHPUT_CV) or "", windows, why[i][k], res.get(m.PLACEMENT, ""),
+        ]
+        for i, rec in enumerate(order)
+        for k, res in enumerate(results[i])
+    ]  # fmt: skip
+    write_csv(path, header, rows)

@@ -12,18 +12,17 @@ steps done, 2 usage or configuration error (before Ray starts), 1 the run failed
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
-from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, TRAIN_FILES, TRAIN_RUN_NAME
+from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, TRAIN_FILES, TRAIN_RUN_NAME, Summary
 from orchestrator.session import check_ray_address
+from train_fns.elastic import read_state
 from train_fns.metrics import STATE_FILE
 
 
@@ -100,7 +99,7 @@ def latest_checkpoint(out: Path) -> tuple[int, Path] | None:
     found = []
     for p in (out / TRAIN_RUN_NAME).glob(f"*/{STATE_FILE}"):
         try:
-            step = json.loads(p.read_text())["step"]
+            step = read_state(p.parent)["step"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError("--out", f"{p} is unreadable ({type(e).__name__}); remove that "
                               "checkpoint folder or choose another --out") from e  # fmt: skip
@@ -128,27 +127,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"commtune: interrupted; continue with --resume --out {out}", file=sys.stderr)
         return 1
-    print_summary(summary, out)
-    return 0 if summary["steps"] == config.train.steps and not summary["error"] else 1
+    totals = Summary.from_mapping(summary)
+    print_summary(totals, out)
+    return 0 if totals.steps == config.train.steps and not totals.error else 1
 
 
-def print_summary(summary: dict[str, Any], out: Path) -> None:
-    comm, data = summary["comm_fraction"], summary["data_fraction"]
+def print_summary(summary: Summary, out: Path) -> None:
+    """The run's closing lines, from its typed summary: a figure it lacks (a non-finite final
+    loss reads as absent) prints as n/a rather than failing the format."""
+    if summary.world_sizes:  # each logged step gives a world size
+        print(
+            f"done: {summary.steps}/{summary.steps_wanted} steps, final loss "
+            f"{_figure(summary.final_loss, '.4f')}, {_figure(summary.samples_per_s, '.1f')} "
+            f"samples/s (median), exposed comm {_figure(summary.comm_fraction, '.0%')} of "
+            f"fwd+bwd, data wait {_figure(summary.data_fraction, '.0%')} of the step, "
+            f"{len(summary.restarts or [])} restart(s), {_figure(summary.wall_s, '.0f')}s"
+        )
+    else:
+        print(f"no step finished ({_figure(summary.wall_s, '.0f')}s)")
     print(
-        f"done: {summary['steps']}/{summary['steps_wanted']} steps, final loss "
-        f"{summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s (median), "
-        f"exposed comm {comm if comm is None else f'{comm:.0%}'} of fwd+bwd, data wait "
-        f"{data if data is None else f'{data:.0%}'} of the step, "
-        f"{len(summary['restarts'])} restart(s), {summary['wall_s']:.0f}s"
-        if summary["final_loss"] is not None
-        else f"no step finished ({summary['wall_s']:.0f}s)"
+        f"non-finite steps: {summary.nonfinite_steps} "
+        f"({_figure(summary.nonfinite_rate, '.2%')}); loss scale {summary.loss_scale}"
     )
-    print(f"non-finite steps: {summary['nonfinite_steps']} ({summary['nonfinite_rate']:.2%}); "
-          f"loss scale {summary['loss_scale']}")  # fmt: skip
-    for warning in summary["warnings"]:
+    for warning in summary.warnings or []:
         print(f"warning: {warning}")
-    if summary["error"]:
-        print(f"commtune: the run failed: {summary['error']}", file=sys.stderr)
+    if summary.error:
+        print(f"commtune: the run failed: {summary.error}", file=sys.stderr)
     print(f"run folder: {out} ({', '.join((*TRAIN_FILES, EVENTS_JSONL))})")
 
 
+def _figure(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)

@@ -18,7 +18,13 @@ from typing import Any
 
 from ray.train.v2.api.callback import UserCallback
 
-from orchestrator.runfiles import EVENTS_JSONL, GRAD_NORMS_CSV, PROGRESS_CSV, SUMMARY_JSON
+from orchestrator.runfiles import (
+    EVENTS_JSONL,
+    GRAD_NORMS_CSV,
+    PROGRESS_CSV,
+    Summary,
+    write_summary,
+)
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 
@@ -190,7 +196,14 @@ class RunLog:
         self._events.flush()
 
     def summary(self, wall_s: float, error: str | None) -> dict[str, Any]:
-        """The run's summary (also written to summary.json)."""
+        """The run's summary, written whole to summary.json (``runfiles.Summary``); returned as
+        the mapping written (``Summary.from_mapping`` reads it back typed)."""
+        totals = self.totals(wall_s, error)
+        write_summary(self.out, totals)
+        return totals.as_mapping()
+
+    def totals(self, wall_s: float, error: str | None) -> Summary:
+        """The run's totals over its logged steps; warns above 0.1% non-finite steps."""
         rows = [self.rows[s] for s in sorted(self.rows)]
         nonfinite = sum(1 for r in rows if not _finite(r.get(m.GRAD_NORM)))
         rate = nonfinite / len(rows) if rows else 0.0
@@ -200,24 +213,22 @@ class RunLog:
                 " skipped (above 0.1%): check precision (bf16 rather than fp16), the learning "
                 "rate and clipping"
             )
-        summary = {
-            "steps": self.last_step,
-            "steps_wanted": self.steps,
-            "final_loss": rows[-1][m.LOSS] if rows else None,
-            "wall_s": wall_s,
-            "samples_per_s": _median([r[m.SAMPLES_PER_S] for r in rows]),
-            "comm_fraction": _fraction(rows, m.EXPOSED_COMM_S),
-            "data_fraction": _share(rows, m.DATA_S),
-            "nonfinite_steps": nonfinite,
-            "nonfinite_rate": rate,
-            "loss_scale": rows[-1].get(m.LOSS_SCALE) if rows else None,
-            "world_sizes": sorted({r[m.WORLD_SIZE] for r in rows}),
-            "restarts": [vars(r) | {"line": r.line()} for r in self.restarts],
-            "warnings": self.warnings,
-            "error": error,
-        }
-        (self.out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1, default=str))
-        return summary
+        return Summary(
+            steps=self.last_step,
+            steps_wanted=self.steps,
+            final_loss=rows[-1][m.LOSS] if rows else None,
+            wall_s=wall_s,
+            samples_per_s=_median([r[m.SAMPLES_PER_S] for r in rows]),
+            comm_fraction=_fraction(rows, m.EXPOSED_COMM_S),
+            data_fraction=_share(rows, m.DATA_S),
+            nonfinite_steps=nonfinite,
+            nonfinite_rate=rate,
+            loss_scale=rows[-1].get(m.LOSS_SCALE) if rows else None,
+            world_sizes=sorted({r[m.WORLD_SIZE] for r in rows}),
+            restarts=[vars(r) | {"line": r.line()} for r in self.restarts],
+            warnings=list(self.warnings),
+            error=error,
+        )
 
     def close(self) -> None:
         for handle in (self._progress[0], self._norms[0], self._events):

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.doctor import cli as doctor_cli
 from orchestrator.findings import RULES, Finding, diagnose, rules
-from orchestrator.runfiles import RunInfo, RunRecord, collect
+from orchestrator.runfiles import RunInfo, RunRecord, Summary, collect
 from orchestrator.runfiles import files as runfiles
 
 GiB = 2**30
@@ -70,7 +70,7 @@ def healthy() -> RunRecord:
             single_worker_samples_per_s=60.0,
         ),
         probe=probe_rows(120.0),
-        summary={"steps": 1000, "nonfinite_steps": 0, "nonfinite_rate": 0.0},
+        summary=Summary(steps=1000, nonfinite_steps=0, nonfinite_rate=0.0),
         topology={"source": "test", "nvidia_smi_topo": "GPU0\tX\tNV12"},
     )
 
@@ -122,7 +122,7 @@ CASES = {
     "rule_memory": mutate(
         healthy(), run_info=replace(healthy().run_info, memory_capacity_bytes=GiB)
     ),
-    "rule_nonfinite": mutate(healthy(), summary={"steps": 1000, "nonfinite_steps": 5}),
+    "rule_nonfinite": mutate(healthy(), summary=Summary(steps=1000, nonfinite_steps=5)),
     "rule_nccl_on_gloo": mutate(gloo_healthy(), best_config={"env": {"NCCL_ALGO": "Tree"}}),
     "rule_scaling": mutate(
         healthy(), run_info=replace(healthy().run_info, single_worker_samples_per_s=100.0)
@@ -197,7 +197,7 @@ def test_nccl_params_in_trials_on_gloo_are_flagged() -> None:
 
 
 def test_training_summary_wins_over_the_search() -> None:
-    rec = mutate(healthy(), summary={"steps": 100, "comm_fraction": 0.7})
+    rec = mutate(healthy(), summary=Summary(steps=100, comm_fraction=0.7))
     finding = rules.rule_comm_fraction(rec)
     assert finding is not None and finding.severity == "high"
     assert "training run" in finding.evidence
@@ -240,7 +240,7 @@ def test_collect_reads_a_crafted_folder(tmp_path: Path) -> None:
     assert rec.best_number == 1 and rec.best()["number"] == "1"
     assert rec.baseline()["number"] == "0"
     assert rec.name == "crafted" and rec.model == "bert-tiny" and rec.world_size == 2
-    assert rec.backend == "gloo" and rec.summary["steps"] == 50
+    assert rec.backend == "gloo" and rec.summary.steps == 50
     assert rec.topology == {"source": "run_info.json", "cpus": 2}
     found = diagnose(rec)
     titles = [f.title for f in found]
@@ -305,7 +305,44 @@ def test_noise_names_the_disturbed_run_and_gains_inside_window_cv() -> None:
 
 
 def test_corrupt_configurations_come_first() -> None:
-    rec = mutate(CASES["rule_corrupt"], summary={"steps": 1000, "nonfinite_steps": 5})
+    rec = mutate(CASES["rule_corrupt"], summary=Summary(steps=1000, nonfinite_steps=5))
     found = diagnose(rec)
     assert found[0].title.startswith("1 configuration(s) computed wrong results")
     assert "trial 1: warm-up step 0 grad norm" in found[0].evidence
+
+
+HAND_EDITS = {
+    "sections": ("best.yaml", "name: [1]\ncluster: 5\nworkload: bert\nenv: [1, 2]\n",
+                 "name, cluster, workload, env: wrong kind"),
+    "sizes": ("summary.json", '{"world_sizes": 5, "steps": 10}', "world_sizes: wrong kind"),
+    "deep": ("run_info.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "huge": ("run_info.json", '{"world_size": ' + "9" * 400 + "}", "world_size: wrong kind"),
+    "negative": ("run_info.json", '{"gpu_util": -0.5, "world_size": -2, "grad_bytes": NaN}',
+                 "world_size, grad_bytes, gpu_util: wrong kind"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HAND_EDITS)
+def test_a_hand_edited_folder_is_read_as_far_as_it_goes(tmp_path: Path, capsys, case) -> None:
+    """A value of the wrong kind, a file nested past the parser or a number no count can be:
+    one line says what was skipped, the rest is diagnosed, exit 0 (not a traceback)."""
+    name, text, note = HAND_EDITS[case]
+    (tmp_path / name).write_text(text)
+    (tmp_path / "trials.csv").write_text("number,state,samples_per_s\n0,complete,10\n")
+    assert doctor_cli.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (said,) = [line for line in out.splitlines() if line.startswith("unreadable:")]
+    assert said.startswith(f"unreadable: {name} (") and note in said
+    for nonsense in ("-50", "-2 workers", "nan", "inf "):
+        assert nonsense not in out
+
+
+def test_the_skip_line_names_no_command(tmp_path: Path, caplog) -> None:
+    """The doctor and the report both read a folder through ``collect``: the warning says
+    what was skipped, not which of them skipped it."""
+    run = write_run(tmp_path / "run")
+    (run / "run_info.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="commtune"):
+        collect([run])
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith("skipping unreadable ") and "doctor" not in message

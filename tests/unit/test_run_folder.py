@@ -1,5 +1,6 @@
-"""The run folder is one module's: no other product module spells a run file's name or a
-run_info.json key, and run_info.json reads back as the typed record it was written from.
+"""The run folder is one module's: no other product module spells a run file's name, a
+run_info.json key or a summary.json key, and run_info.json reads back as the typed record it was
+written from.
 
 Docstrings may name files (they document); tests may too (they check the names a user sees).
 """
@@ -15,6 +16,7 @@ from orchestrator.runfiles import (
     RUN_INFO,
     WRITTEN_FILES,
     RunInfo,
+    Summary,
     add_search_wall,
     collect,
     read_run_info,
@@ -25,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("orchestrator", "train_fns", "search_spaces", "benchmarks", "examples")
 OWNER = ROOT / "orchestrator" / "runfiles"
 INFO_KEYS = {f.name for f in dataclasses.fields(RunInfo)}
+SUMMARY_KEYS = {f.name for f in dataclasses.fields(Summary)}
+RECORDS = (("info", INFO_KEYS), ("summary", SUMMARY_KEYS))
+"""A typed record's keys, read by name from something whose name says it holds that record."""
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -57,8 +62,9 @@ def _spelt_names(path: Path, root: Path = ROOT) -> list[str]:
     return found
 
 
-def _info_keys_read(path: Path, root: Path = ROOT) -> list[str]:
-    """``<something info>["key"]`` or ``<something info>.get("key")`` with a run_info key."""
+def _keys_read(path: Path, root: Path = ROOT) -> list[str]:
+    """``<something info>["key"]`` or ``<something info>.get("key")`` with a run_info key, and
+    the same with a summary.json key on ``<something summary>``."""
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
@@ -69,7 +75,10 @@ def _info_keys_read(path: Path, root: Path = ROOT) -> list[str]:
               and node.func.attr == "get" and node.args
               and isinstance(node.args[0], ast.Constant)):  # fmt: skip
             target, key = node.func.value, node.args[0].value
-        if key in INFO_KEYS and "info" in ast.unparse(target).lower():
+        if target is None:
+            continue
+        held = ast.unparse(target).lower()
+        if any(key in keys and word in held for word, keys in RECORDS):
             found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
     return found
 
@@ -79,20 +88,25 @@ def test_no_module_but_runfiles_spells_a_run_file_name() -> None:
     assert spelt == [], "use the constants of orchestrator.runfiles"
 
 
-def test_no_module_but_runfiles_reads_a_run_info_key_by_name() -> None:
-    read = [hit for path in _product_files() for hit in _info_keys_read(path)]
-    assert read == [], "read run_info through orchestrator.runfiles.RunInfo"
+def test_no_module_but_runfiles_reads_a_record_key_by_name() -> None:
+    read = [hit for path in _product_files() for hit in _keys_read(path)]
+    assert read == [], "read run_info and summary.json through RunInfo and Summary (runfiles)"
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    """Both scans fire on a module that does what they forbid (they are not vacuous)."""
+    """Both scans fire on a module that does what they forbid (they are not vacuous), and a
+    key is only caught on the record it belongs to."""
     bad = tmp_path / "bad.py"
     lines = ['"""best.yaml in a docstring is fine."""', 'x = out / "best.yaml"',
              'y = info["search_wall_s"]', 'z = run_info.get("backend")',
-             'w = cfg["backend"]']  # fmt: skip
+             'w = cfg["backend"]', 'v = summary.get("steps")',
+             'u = record.summary["world_sizes"]', 't = summary["backend"]',
+             's = info["steps"]']  # fmt: skip
     bad.write_text("\n".join(lines) + "\n")
     assert [h.split()[-1] for h in _spelt_names(bad, tmp_path)] == ["best.yaml"]
-    assert [h.split()[0] for h in _info_keys_read(bad, tmp_path)] == ["bad.py:3", "bad.py:4"]
+    assert [h.split()[0] for h in _keys_read(bad, tmp_path)] == [
+        "bad.py:3", "bad.py:4", "bad.py:6", "bad.py:7"
+    ]  # fmt: skip
 
 
 def test_run_info_round_trips_and_merges(tmp_path: Path) -> None:
