@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.inputs import ConfigError, check_report_path
 from orchestrator.report.page import render
-from orchestrator.runfiles import REPORT_HTML, collect, missing_dirs
+from orchestrator.runfiles import REPORT_HTML, collect, missing_dirs, write_atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(record, args.dir))
+    write_atomic(out, render(record, args.dir))  # a page open in a browser is never half one
     print(f"report: wrote {out}")
     return 0

@@ -35,7 +35,7 @@ from orchestrator.report.trials import (
     section_memory,
     section_throughput,
 )
-from orchestrator.runfiles import REPORT_HTML, TRIALS_CSV, RunRecord, collect
+from orchestrator.runfiles import REPORT_HTML, TRIALS_CSV, RunRecord, collect, write_atomic
 
 SECTIONS = (
     ("throughput", "Throughput of every trial"),
@@ -106,7 +106,7 @@ def write_report(out: Path) -> str:
     Best effort: the search's outputs stand without the report, so a failure is said (with
     the traceback in the log), never raised."""
     try:
-        (out / REPORT_HTML).write_text(render(collect([out]), out))
+        write_atomic(out / REPORT_HTML, render(collect([out]), out))
     except Exception as e:
         log.warning("%s could not be written", REPORT_HTML, exc_info=True)
         return f"report: not written ({type(e).__name__}: {e}); run python -m orchestrator.report"

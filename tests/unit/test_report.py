@@ -15,6 +15,7 @@ import pytest
 from orchestrator import findings, runfiles
 from orchestrator.report import SECTIONS
 from orchestrator.report import cli as report
+from orchestrator.report.page import write_report
 from orchestrator.storage import open_file
 
 CHECKED_TAGS = {"html", "head", "body", "section", "h1", "h2", "table", "tr", "ol", "ul", "li"}
@@ -236,3 +237,31 @@ def test_the_trial_table_shows_each_trials_placement() -> None:
              "placement": "node0:1,node1:1"}]  # fmt: skip
     html = section_throughput(RunRecord(trials=rows))
     assert "placement (ranks per node)" in html and "node0:1,node1:1" in html
+
+
+def test_a_hand_edited_best_yaml_costs_its_bad_keys_only(tmp_path: Path) -> None:
+    """``name: [1]``, ``workload: bert``, ``cluster: 5``: read as absent (the page is named
+    after its folder), never an AttributeError that loses the whole page."""
+    folder = write_search(tmp_path / "edited")
+    (folder / "best.yaml").write_text("name: [1]\nworkload: bert\ncluster: 5\nenv: [1, 2]\n")
+    (folder / "train" / "summary.json").write_text('{"steps": 30, "world_sizes": 5}')
+    assert report.main([str(folder)]) == 0
+    text = (folder / "report.html").read_text()
+    parse(text)
+    assert "<title>commtune report: edited</title>" in text
+    assert "Training run: steps 30" in text
+
+
+def test_the_report_replaces_the_page_whole(tmp_path: Path) -> None:
+    """A browser (or a copy) holding the old page keeps it whole: the new one is written
+    beside and renamed into place, by the command and at the end of a search alike."""
+    folder = write_search(tmp_path / "run")
+    for write in (lambda: report.main([str(folder)]), lambda: write_report(folder)):
+        (folder / "report.html").write_text("old page")
+        held = tmp_path / "held.html"
+        held.unlink(missing_ok=True)
+        held.hardlink_to(folder / "report.html")
+        write()
+        assert held.read_text() == "old page"
+        assert "<!DOCTYPE html>" in (folder / "report.html").read_text()
+        assert not list(folder.glob("*.tmp"))
