@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from train_fns import metrics as m
 from train_fns.loop import run_training
@@ -68,7 +69,8 @@ def evaluate_plans(
             status, reason, oom_step = m.OOM, str(e), getattr(e, "step", -1)
         free_start = time.perf_counter()
         free_memory(device)
-        release_groups(groups, device)
+        if status != m.OOM:  # after an OOM, agree first: its ranks may sit at other collectives
+            release_groups(groups, device)
         send(
             {
                 "kind": END,
@@ -82,6 +84,7 @@ def evaluate_plans(
         )
         if status == m.OOM:
             agree_all_oom(world_size, oom_step)
+            release_groups(groups, device)
 
 
 def free_memory(device: torch.device) -> None:
@@ -104,10 +107,18 @@ def release_groups(keep: set[dist.ProcessGroup], device: torch.device) -> None:
     communicator's buffers, hundreds of MB, so left alive they would make later plans measure
     against leaked memory, and their peaks depend on the order of the plans."""
     stale = live_groups() - keep
-    if stale and device.type == "cuda":
+    if not stale:
+        return
+    if device.type == "cuda":
         torch.cuda.synchronize(device)  # nothing of the plan still running on them
-    for group in stale:
+    # In one order on every rank (NCCL's teardown waits for its peers): the newest first, as
+    # torch's own destroy_process_group() does
+    names = dist.distributed_c10d._world.pg_names  # "1", "2", ...: numeric order by length
+    for group in sorted(stale, key=lambda g: (len(names[g]), names[g]), reverse=True):
         dist.destroy_process_group(group)
+    # DTensor caches sharding by mesh, and a mesh equal to a destroyed one compares equal:
+    # the next plan would reach the destroyed groups through the cache
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
 
 
 def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) -> str | None:
