@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from train_fns.gradients import replicas
-from train_fns.ranks import reduce_tensor
+from train_fns.ranks import reduce_over_ranks, reduce_tensor
 
 CORRUPT_SCALE = 0.5
 """The injected perturbation: Gaussian noise of this many times each gradient's RMS."""
@@ -58,9 +58,13 @@ def guarded_steps(warmup_steps: int) -> int:
 
 def layouts(world_size: int) -> tuple[int, ...]:
     """The shard counts a gradient may be split into: every rank (FSDP), and a node's ranks
-    (HSDP shards within a node) where several nodes hold several ranks each."""
+    (HSDP shards within a node) where every node holds as many ranks, more than one. Agreed
+    over the side group: on an uneven placement (8 + 4) ranks see different local sizes, and
+    figures of different shapes would hang the guard's reduction."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return tuple(sorted({world_size} | ({local} if 1 < local < world_size else set())))
+    most, neg_least = reduce_over_ranks([local, -local], "max")
+    even = most == -neg_least and 1 < local < world_size
+    return tuple(sorted({world_size} | ({local} if even else set())))
 
 
 def shard_squares(grad: Tensor, count: int, device: torch.device) -> Tensor:
@@ -92,6 +96,8 @@ class Guard:
     losses: list[Tensor] = field(default_factory=list)
     squares: list[Tensor] = field(default_factory=list)
     shards: list[dict[int, Tensor]] = field(default_factory=list)
+    counts: tuple[int, ...] = ()
+    """The layouts full gradients are chunked into (``layouts``), agreed at the first step."""
     sharded: bool = False
 
     def after_backward(self, runner: Any) -> None:
@@ -102,6 +108,7 @@ class Guard:
             corrupt_gradients(model)
         self.sharded = self.sharded or _sharded(model)
         device = runner.device
+        self.counts = self.counts or layouts(runner.plan.world_size)  # every rank, once
         total = torch.zeros((), dtype=torch.float64, device=device)
         shards: dict[int, Tensor] = {}
         for p in model.parameters():
@@ -115,7 +122,7 @@ class Guard:
                                                            device=device))  # fmt: skip
                 vec[index] += local
             else:
-                for count in layouts(runner.plan.world_size):
+                for count in self.counts:
                     chunk = shard_squares(p.grad, count, device)
                     shards[count] = shards[count] + chunk if count in shards else chunk
         # fp16: the gradients are still multiplied by GradScaler's scale (2^16 at first), so

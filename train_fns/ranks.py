@@ -9,9 +9,11 @@ and therefore invisible to CPU tests (tests/dist guard this rule, see tests/dist
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
-from collections.abc import MutableMapping, Sequence
+import struct
+from collections.abc import Callable, MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -43,7 +45,7 @@ def side_group() -> dist.ProcessGroup | None:
         return None
     world = dist.group.WORLD
     if not _SIDE_GROUP or _SIDE_GROUP[0] is not world:
-        route_gloo(os.environ, [name for _, name in socket.if_nameindex()])
+        route_gloo(os.environ, [name for _, name in socket.if_nameindex()], has_ipv4)
         timeout = timedelta(seconds=SIDE_TIMEOUT_S)
         _SIDE_GROUP[:] = [(world, dist.new_group(backend="gloo", timeout=timeout))]
     return _SIDE_GROUP[0][1]
@@ -68,22 +70,36 @@ def matching_interfaces(spec: str, names: list[str]) -> list[str]:
     return [n for n in names if n not in hit] if exclude else hit
 
 
-def route_gloo(environ: MutableMapping[str, str], names: list[str]) -> str | None:
-    """Point gloo at the interfaces NCCL was told to use: the side group's gloo otherwise picks
+def route_gloo(
+    environ: MutableMapping[str, str], names: list[str], usable: Callable[[str], bool]
+) -> str | None:
+    """Point gloo at the interface NCCL was told to use: the side group's gloo otherwise picks
     its own (the hostname's), which on EFA or InfiniBand nodes may not route between them.
-    Sets GLOO_SOCKET_IFNAME (unless already set) and returns it; says in one line when
-    NCCL_SOCKET_IFNAME names no interface of this node (gloo then picks its own)."""
+    Sets GLOO_SOCKET_IFNAME (unless already set) to the first matching interface that is
+    ``usable`` (up, with an IPv4 address): one, as NCCL's bootstrap takes one; gloo makes a
+    device per name listed, and one without an address fails the whole group. Says in one
+    line when none matches (gloo then picks its own)."""
     spec = environ.get("NCCL_SOCKET_IFNAME")
     if not spec or environ.get("GLOO_SOCKET_IFNAME"):
         return environ.get("GLOO_SOCKET_IFNAME")
-    chosen = matching_interfaces(spec, names) or None
+    chosen = next((n for n in matching_interfaces(spec, names) if usable(n)), None)
     if chosen is None:
-        print(f"commtune: NCCL_SOCKET_IFNAME={spec} matches no interface of this node "
+        print(f"commtune: NCCL_SOCKET_IFNAME={spec} matches no usable interface of this node "
               f"({', '.join(names)}); gloo picks its own for commtune's side group, which may "
               "not route between nodes: set GLOO_SOCKET_IFNAME", flush=True)  # fmt: skip
         return None
-    environ["GLOO_SOCKET_IFNAME"] = ",".join(chosen)
-    return environ["GLOO_SOCKET_IFNAME"]
+    environ["GLOO_SOCKET_IFNAME"] = chosen
+    return chosen
+
+
+def has_ipv4(name: str) -> bool:
+    """Whether interface ``name`` is up with an IPv4 address (Linux's SIOCGIFADDR)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+        return True
+    except OSError:
+        return False
 
 
 def reduce_over_ranks(values: Sequence[float], op: str = "mean") -> list[float]:

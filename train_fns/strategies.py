@@ -157,7 +157,10 @@ def _wrap_fsdp(
     }
     for block in blocks:
         fully_shard(block, **options)
-    fully_shard(model, **options)
+    # the root without a reshard setting: FSDP2 then keeps it gathered from forward to
+    # backward (an explicit True re-gathered it every micro-step: the embeddings and LM head,
+    # or the whole model where it is one unit)
+    fully_shard(model, **{**options, "reshard_after_forward": None})
     set_prefetch(blocks, plan.fsdp.forward_prefetch, plan.fsdp.backward_prefetch)
     if plan.unused_parameters:
         model.commtune_unused = UnusedParameters(model)  # StepRunner settles it each step

@@ -29,3 +29,33 @@ def test_one_corrupt_rank_of_sixteen_is_caught_at_bf16_tolerance() -> None:
     assert check(base, hidden, TOLERANCES["bf16"]) is None, "the global norm alone sees it now"
     reason = check(base, bad, TOLERANCES["bf16"])
     assert reason is not None and f"shard {WORLD - 1} of {WORLD}" in reason
+
+
+def _uneven(rank: int, world_size: int) -> dict:
+    """A guard step on 3 ranks placed 2 + 1 (LOCAL_WORLD_SIZE as Ray sets it per node)."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from train_fns.guard import Guard
+
+    os.environ["LOCAL_WORLD_SIZE"] = "2" if rank < 2 else "1"
+    model = nn.Linear(6, 6)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    runner = SimpleNamespace(model=model, fault=None, device=torch.device("cpu"),
+                             plan=SimpleNamespace(world_size=world_size),
+                             precision=SimpleNamespace(loss_scale=lambda: None))  # fmt: skip
+    guard = Guard()
+    guard.after_backward(runner)
+    guard.record_loss(torch.tensor(1.0))
+    return guard.figures()
+
+
+def test_an_uneven_placement_agrees_on_the_layouts() -> None:
+    """Ranks that see different local sizes chunked into different layouts and the guard's
+    reduction hung (issue 24 review): the node layout is used only where every rank has it."""
+    figures = run_distributed(_uneven, world_size=3, timeout_s=60)
+    assert all(set(f["shard_norms"]) == {"3"} for f in figures), figures
