@@ -1,6 +1,8 @@
 """A model that leaves parameters unused in a step: a small mixture-of-experts regressor whose
-router sends each micro-batch to one expert, so the others get no gradient in that step (the
-same holds for conditional branches, early exits and multi-task heads).
+router sends each sample to one expert, so in a micro-batch of a few samples the experts no
+sample picked get no gradient (the same holds for conditional branches, early exits and
+multi-task heads). Routing per sample keeps the model the same function however the global
+batch is split, so accumulation stays an exact knob.
 
     workload:
       entrypoint: examples/moe_workload.py:make_workload
@@ -28,10 +30,14 @@ class MixtureOfExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
-        scores = self.router(h).mean(dim=0)  # one expert for the whole micro-batch
-        pick = int(scores.argmax())
-        gate = torch.softmax(scores, dim=0)[pick]  # the router learns through the gate
-        return self.out(h + gate * self.experts[pick](h))
+        scores = self.router(h)
+        pick = scores.argmax(dim=1)  # one expert per sample
+        gate = torch.softmax(scores, dim=1).gather(1, pick[:, None])  # the router learns by it
+        mixed = torch.zeros_like(h)
+        for expert in pick.unique().tolist():  # only the experts some sample picked run
+            chosen = pick == expert
+            mixed[chosen] = self.experts[expert](h[chosen])
+        return self.out(h + gate * mixed)
 
 
 def make_workload(ctx):

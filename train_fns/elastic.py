@@ -104,18 +104,36 @@ def save_checkpoint(runner: Any, state: dict[str, Any], directory: Path) -> None
 
 
 def load_checkpoint(runner: Any, directory: Path) -> dict[str, Any]:
-    """Load what ``save_checkpoint`` wrote, resharded to this world size; returns the run state."""
+    """Load what ``save_checkpoint`` wrote, resharded to this world size; returns the run state.
+
+    A parameter that never had a gradient (an expert not routed to yet) has no optimizer state
+    in the checkpoint, while a fresh optimizer's state dict names one for every parameter: it
+    is loaded partially and those parameters are left without state, as the run that saved it
+    had them (AdamW's step count then matches an uninterrupted run)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
 
     model_sd, optim_sd = get_state_dict(runner.model, runner.optimizer)
     state_dict = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state_dict, checkpoint_id=str(directory))
+    saved = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    stateless = [fqn for fqn in optim_sd.get("state", {})
+                 if not any(key.startswith(f"optim.state.{fqn}.") for key in saved)]  # fmt: skip
+    for fqn in stateless:
+        del optim_sd["state"][fqn]
+    # strict everywhere else: only where parameters had no state may it be partial
+    dcp.load(state_dict, checkpoint_id=str(directory),
+             planner=DefaultLoadPlanner(allow_partial_load=bool(stateless)))  # fmt: skip
     set_state_dict(
         runner.model,
         runner.optimizer,
         model_state_dict=state_dict["model"],
         optim_state_dict=state_dict["optim"],
+        options=StateDictOptions(strict=not stateless),
     )
     return json.loads((directory / STATE_FILE).read_text())
 
