@@ -49,6 +49,9 @@ def _count_sync() -> None:
 def _syncs_per_step(rank: int, world: int, plan: TrialPlan) -> list[int]:
     torch.cuda.synchronize = _count_sync  # this spawned process only
     torch.cuda.mem_get_info = lambda device=None: (0, 0)
+    # the peak is reset after the guard's steps (StepTimer.reset_peak): no CUDA here to reset
+    torch.cuda.reset_peak_memory_stats = lambda device=None: None
+    torch.cuda.empty_cache = lambda: None
     train_fns.loop.StepTimer = CountingTimer
     run_training(plan, rank, world, CPU, lambda report: None)
     return CountingTimer.made[0].per_step
