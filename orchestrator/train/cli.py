@@ -84,6 +84,10 @@ def configure(args: argparse.Namespace) -> Config:
 def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     """Everything that can fail on user input, checked before Ray starts."""
     config = configure(args)
+    if isinstance(config.cluster.use_gpu, bool):  # known before Ray: the plan can be checked
+        from orchestrator.train.run import check_runnable
+
+        check_runnable(config, config.cluster.use_gpu)
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config
+from orchestrator.config import Config, ConfigError
 from orchestrator.plans import plan_from_config, resolve_task
 from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.session import (
@@ -28,6 +28,7 @@ from orchestrator.session import (
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
+from train_fns.plan import InfeasiblePlan
 
 START, STEP = "start", "step"
 """Phases of a training run a stall is recorded in."""
@@ -157,6 +158,15 @@ def drain(fit: Fit, reports: Any, log: RunLog, every_s: float, workers: int,
     return stalled[0]
 
 
+def check_runnable(config: Config, use_gpu: bool) -> None:
+    """The tuned plan builds on these workers (fp16 needs GPUs; a forced NCCL algorithm must
+    reduce what the strategy issues), or a ConfigError saying why."""
+    try:
+        run_spec(config, resolve_task(config), use_gpu, Path("."))
+    except InfeasiblePlan as e:
+        raise ConfigError("--config", f"the tuned configuration cannot run here: {e}") from e
+
+
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
     """Start or join Ray, train to the end (or failure), return the summary."""
     import ray
@@ -169,6 +179,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         use_gpu = resolve_gpu(config)
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
             config.cluster, num_workers=low)), use_gpu, placed=False)  # fmt: skip
+        check_runnable(config, use_gpu)  # use_gpu: auto is known only now
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
         reports = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),

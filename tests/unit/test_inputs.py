@@ -187,6 +187,9 @@ def test_train_probe_report_doctor_refuse_bad_inputs(files: Path) -> None:
     code, err = _run(train.main, SMOKE + ["--out", str(files / "run"), "--resume"])
     assert code == 2 and "--out" in err and "unreadable" in err
     assert _run(probe.main, ["--out", str(files / "afile")])[0] == 2
+    fp16_on_cpu = ["--set", "workload.precision=fp16", "--set", "cluster.use_gpu=false"]
+    code, err = _run(train.main, [*SMOKE, *fp16_on_cpu, "--out", str(files / "fp16")])
+    assert code == 2 and "--config: the tuned configuration cannot run here" in err, err
     for entry, argv in ((train.main, SMOKE), (probe.main, [])):
         code, err = _run(entry, [*argv, "--address", "127.0.0.1:1", "--out", str(files / "x")])
         assert code == 2 and "--address: nothing answers at 127.0.0.1:1" in err, err
