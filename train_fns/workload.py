@@ -142,6 +142,9 @@ def as_workload(value: Any) -> Workload:
     workload = Workload(**{key: get(key) for key in REQUIRED + OPTIONAL})
     if not isinstance(workload.model, nn.Module):
         raise WorkloadError(f"model is a {type(workload.model).__name__}, not a torch nn.Module")
+    if workload.unused_parameters is not None and not isinstance(workload.unused_parameters, bool):
+        raise WorkloadError(f"unused_parameters is {workload.unused_parameters!r}; return True, "
+                            "False or leave it out (commtune then finds out)")  # fmt: skip
     for key in ("batch", "loss"):
         if not callable(getattr(workload, key)):
             raise WorkloadError(f"{key} must be callable")

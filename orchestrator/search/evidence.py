@@ -16,7 +16,7 @@ from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.trial import derive_plan, measure_plans
 from orchestrator.session import resolve_gpu
 from train_fns import metrics as m
-from train_fns.plan import with_world_size
+from train_fns.plan import InfeasiblePlan, with_world_size
 
 
 def measure_link(config: Any, out: Path) -> None:
@@ -66,7 +66,12 @@ def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -
     single = dataclasses.replace(ctx, config=one)
     print("scaling: measuring the baseline on 1 worker", flush=True)
     plan, env = derive_plan(ctx, base.params)  # the baseline's micro-batch, kept on 1 worker
-    (outcome,) = measure_plans(single, [(with_world_size(plan, 1), env)], "scaling_1worker")
+    try:
+        alone = with_world_size(plan, 1)
+    except InfeasiblePlan as e:  # a fixed tuned value one worker cannot take (reshard to 2)
+        print(f"scaling: no single-worker baseline: {e}", flush=True)
+        return extra
+    (outcome,) = measure_plans(single, [(alone, env)], "scaling_1worker")
     if outcome.get(m.STATE) != m.COMPLETE:
         print(f"scaling: the 1-worker baseline did not complete: {outcome.get(m.REASON)}")
         return extra

@@ -144,3 +144,12 @@ def test_tuned_env_and_plan() -> None:
     assert (plan.strategy, plan.fsdp.reshard_after_forward, plan.accumulation_steps) == (
         "fsdp", False, 4,
     )  # fmt: skip
+
+
+def test_a_declared_unused_parameters_must_be_a_bool() -> None:
+    """"no" is truthy: it turned find_unused_parameters on and broke best.yaml's later load."""
+    base = {"model": torch.nn.Linear(2, 1), "batch": lambda i: i, "loss": lambda m, b: b}
+    for value in ("no", 1):
+        with pytest.raises(WorkloadError, match="unused_parameters is"):
+            as_workload({**base, "unused_parameters": value})
+    assert as_workload({**base, "unused_parameters": False}).unused_parameters is False
