@@ -258,7 +258,7 @@ def check_reductions(plan: TrialPlan, env: dict[str, str]) -> None:
     missing = unreducible(algo, plan.nccl_reductions())
     if missing:
         raise InfeasiblePlan(
-            f"NCCL_ALGO={algo!r} leaves AllReduce only NVLS, which cannot reduce "
+            f"NCCL_ALGO={algo!r} leaves only NVLS for what cannot run on it: "
             f"{', '.join(missing)}; leave NCCL_ALGO unset for this strategy, or allow a "
-            f"fallback ({algo};allreduce:nvls,ring)"
+            "fallback (e.g. allreduce:nvls,ring)"
         )

@@ -119,18 +119,25 @@ nothing else (Avg and Prod become other device ops). A reduction outside it find
 algorithm when NVLS is all that NCCL_ALGO leaves for AllReduce."""
 
 
-def nvls_only_allreduce(algo: str | None) -> bool:
-    """Whether ``algo`` leaves AllReduce nothing but NVLS/NVLSTree (no fallback)."""
+UNAVAILABLE = frozenset({"CollNetDirect", "CollNetChain"})
+"""Algorithms NCCL runs only with a CollNet plugin and NCCL_COLLNET_ENABLE=1: a value that
+names one beside NVLS leaves, in practice, NVLS alone."""
+
+
+def nvls_only(algo: str | None, func: str) -> bool:
+    """Whether ``algo`` leaves collective ``func`` nothing but NVLS/NVLSTree to run on."""
     if not algo:
         return False
-    enabled = {a for a, on in parse_list(algo, ALGOS)["AllReduce"].items() if on}
+    state = parse_list(algo, ALGOS)[func]
+    enabled = {a for a, on in state.items() if on and func in ALGO_FUNCS[a]} - UNAVAILABLE
     return bool(enabled) and enabled <= NVLS_FAMILY
 
 
-def unreducible(algo: str | None, reductions: list[tuple[str, str, str]]) -> list[str]:
-    """Of ``reductions`` (operation, dtype, who issues it) on the training communicator, the
-    ones NCCL cannot run under ``algo``, each as ``who (operation dtype)``."""
-    if not nvls_only_allreduce(algo):
-        return []
-    return [f"{who} ({op} {dtype})" for op, dtype, who in reductions
-            if dtype not in NVLS_REDUCTIONS.get(op, frozenset())]  # fmt: skip
+def unreducible(algo: str | None, reductions: list[tuple[str, str, str, str]]) -> list[str]:
+    """Of ``reductions`` (collective, operation, dtype, who issues it) on the training
+    communicator, the ones NCCL cannot run under ``algo``, each as ``who (operation dtype)``:
+    NVLS has no Avg, Prod, or float Max/Min (``ncclNvlsSupported``; AllGather reduces
+    nothing)."""
+    runs = NVLS_REDUCTIONS.get
+    return [f"{who} ({op} {dtype})" for func, op, dtype, who in reductions
+            if nvls_only(algo, func) and dtype not in runs(op, frozenset())]  # fmt: skip

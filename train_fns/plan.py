@@ -268,21 +268,27 @@ class TrialPlan:
                 "so a smaller reshard group is not searched; use true or false with HSDP"
             )
 
-    def nccl_reductions(self) -> list[tuple[str, str, str]]:
-        """The all-reduces torch issues on the training communicator for this plan, as
-        (operation, dtype, who): what a forced NCCL algorithm must be able to run. commtune's
-        own figures and agreements go over a gloo side group (``ranks.side_group``)."""
+    def nccl_reductions(self) -> list[tuple[str, str, str, str]]:
+        """The reductions torch issues on the training communicator for this plan, as
+        (collective, operation, dtype, who): what a forced NCCL algorithm must be able to run.
+        commtune's own figures and agreements go over a gloo side group (``ranks.side_group``).
+        FSDP2 (torch 2.13, ``_get_gradient_divide_factors``) reduces with Avg on NCCL, or with
+        Sum and its own divides for fp16."""
         if self.strategy == "ddp":
             grads = self.ddp.comm_hook or "fp32"  # the parameters stay fp32 under autocast
-            found = [("sum", grads, "DDP's gradient all-reduce")]
+            found = [("AllReduce", "sum", grads, "DDP's gradient all-reduce")]
             if self.ddp.find_unused_parameters:
-                found.append(("sum", "int32", "DDP's map of the parameters a step used"))
+                used_map = "DDP's map of the parameters a step used"
+                found.append(("AllReduce", "sum", "int32", used_map))
             return found
-        found = []
+        low = self.precision in ("bf16", "fp16")
+        reduce = self.fsdp.reduce_dtype if low else "fp32"
+        op = "sum" if reduce == "fp16" else "avg"
+        found = [("ReduceScatter", op, reduce, "FSDP2's gradient reduce-scatter")]
         if self.fsdp.hsdp:
-            found.append(("avg", self.fsdp.reduce_dtype, "HSDP's all-reduce across replicas"))
+            found.append(("AllReduce", op, reduce, "HSDP's all-reduce across replicas"))
         if self.precision == "fp16":
-            found.append(("max", "fp32", "GradScaler's overflow check over FSDP2 shards"))
+            found.append(("AllReduce", "max", "fp32", "GradScaler's overflow check over shards"))
         return found
 
     def lossy(self) -> list[str]:

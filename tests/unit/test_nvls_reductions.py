@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.plans import plan_from_config
-from search_spaces._nccl import nvls_only_allreduce, unreducible
+from search_spaces._nccl import nvls_only, unreducible
 from train_fns.plan import InfeasiblePlan
 
 NVLS = {"NCCL_ALGO": "allreduce:nvls"}
@@ -24,16 +24,24 @@ def _plan(knobs: dict[str, Any], env: dict[str, str], precision: str = "fp32",
     return plan_from_config(config, "mlm", use_gpu, knobs, 4, env)
 
 
-def test_which_values_leave_allreduce_only_nvls() -> None:
-    assert nvls_only_allreduce("allreduce:nvls") and nvls_only_allreduce("allreduce:NVLSTree")
-    assert nvls_only_allreduce("allreduce:nvls,nvlstree")
-    assert not nvls_only_allreduce("allreduce:nvls,ring") and not nvls_only_allreduce(None)
-    assert not nvls_only_allreduce("allreduce:^nvls") and not nvls_only_allreduce("allgather:nvls")
+def test_which_values_leave_a_collective_only_nvls() -> None:
+    assert nvls_only("allreduce:nvls", "AllReduce") and nvls_only("allreduce:NVLSTree", "AllReduce")
+    assert nvls_only("allreduce:nvls,nvlstree", "AllReduce")
+    assert not nvls_only("allreduce:nvls,ring", "AllReduce") and not nvls_only(None, "AllReduce")
+    assert not nvls_only("allreduce:^nvls", "AllReduce")
+    assert not nvls_only("allgather:nvls", "AllReduce")
+    assert nvls_only("reducescatter:nvls", "ReduceScatter")
+    # PAT has no AllReduce and CollNet needs a plugin: neither is a fallback in practice
+    assert nvls_only("allreduce:nvls,pat", "AllReduce")
+    assert nvls_only("allreduce:nvls,collnetdirect", "AllReduce")
 
 
 def test_nvls_runs_sum_everywhere_and_max_on_half_types_only() -> None:
-    asked = [("sum", "fp64", "a"), ("max", "fp32", "b"), ("max", "bf16", "c"), ("avg", "fp32", "d")]
+    asked = [("AllReduce", "sum", "fp64", "a"), ("AllReduce", "max", "fp32", "b"),
+             ("AllReduce", "max", "bf16", "c"), ("AllReduce", "avg", "fp32", "d"),
+             ("ReduceScatter", "avg", "fp32", "e")]  # fmt: skip
     assert unreducible("allreduce:nvls", asked) == ["b (max fp32)", "d (avg fp32)"]
+    assert unreducible("reducescatter:nvls", asked) == ["e (avg fp32)"]
     assert unreducible("allreduce:tree", asked) == []
 
 
@@ -49,6 +57,15 @@ def test_an_nvls_trial_that_cannot_reduce_is_refused_naming_it(
 ) -> None:
     with pytest.raises(InfeasiblePlan, match=named):
         _plan(knobs, NVLS, precision)
+
+
+def test_a_forced_nvls_reduce_scatter_is_refused_for_fsdp_and_left_for_fp16_sums() -> None:
+    """FSDP2 reduce-scatters with Avg (Sum and its own divides for an fp16 reduce)."""
+    forced = {"NCCL_ALGO": "reducescatter:nvls"}
+    with pytest.raises(InfeasiblePlan, match="FSDP2's gradient reduce-scatter"):
+        _plan({"strategy": "fsdp"}, forced, "bf16")
+    _plan({"strategy": "fsdp", "reduce_dtype": "fp16"}, forced, "fp16")  # fp16 Sum: runs there
+    _plan({"strategy": "ddp"}, forced, "bf16")  # DDP reduce-scatters nothing
 
 
 def test_what_nvls_can_run_is_left_alone() -> None:
