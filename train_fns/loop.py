@@ -165,6 +165,9 @@ class StepRunner:
         # uses in that step then gets a zero one, not none: once per configuration).
         self.optimizer.zero_grad(set_to_none=not self.plan.ddp.find_unused_parameters)
         discard_unsynced_gradients(self.model)  # FSDP2 keeps them where zero_grad cannot see
+        unused = getattr(self.model, "commtune_unused", None)
+        if unused is not None:
+            unused.forget()  # what that forward used is not the next step's
         return elapsed
 
 
