@@ -78,6 +78,8 @@ KINDS: dict[str, Kind] = {
     "CUDA_DEVICE_MAX_CONNECTIONS": _int(1, 32, "hardware work queues: 1..32"),
     "OFI_NCCL_PROTOCOL": _enum("SENDRECV", "RDMA"),
     "PYTORCH_CUDA_ALLOC_CONF": Kind("alloc"),
+    "NCCL_SOCKET_IFNAME": Kind("ifnames", hint="nccl"),
+    "GLOO_SOCKET_IFNAME": Kind("ifnames", hint="gloo"),
 }
 for _name in (
     "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET_GDR_READ",
@@ -99,6 +101,25 @@ def _check_alloc(text: str) -> str | None:
             return f"each item is KEY:VALUE with KEY one of {', '.join(ALLOC_KEYS)}"
         if not re.fullmatch(r"[A-Za-z0-9_.]+", value.strip()):
             return f"{key}'s value {value!r} must be a plain word or number"
+    return None
+
+
+IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+"""An interface name as Linux allows it (IFNAMSIZ: 15 characters)."""
+
+
+def _check_ifnames(text: str, grammar: str) -> str | None:
+    """NCCL: ``[^][=]name,name`` (prefixes, ``=`` exact, ``^`` exclude); gloo: exact names
+    only, each making a device of its own (an empty or unknown one fails the process group)."""
+    names = text
+    if grammar == "nccl":
+        names = names.removeprefix("^").removeprefix("=")
+    parts = names.split(",")
+    if not all(IFNAME.fullmatch(p) for p in parts):
+        shape = ("[^][=]name,name: interface names of 1-15 characters, no empty entry"
+                 if grammar == "nccl" else "name,name: exact interface names of 1-15 "
+                 "characters, no ^ or =, no empty entry")  # fmt: skip
+        return f"must be {shape} (e.g. eth0)"
     return None
 
 
@@ -129,4 +150,6 @@ def problem(kind: Kind, text: str) -> str | None:
         return None
     if kind.kind == "level":
         return _check_level(text)
+    if kind.kind == "ifnames":
+        return _check_ifnames(text, kind.hint)
     return _check_alloc(text)

@@ -35,9 +35,11 @@ def context_for(
 
 
 def space_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchSpace:
-    """The config's search spaces on a context built here (``context_for``)."""
+    """The config's search spaces on a context built here (``context_for``): the workers
+    spread over ``num_nodes`` as evenly as they go (the dry run's --nodes, the CLI's check)."""
+    even = config.cluster.num_workers % num_nodes == 0
     try:
-        return space_of(config, context_for(config, use_gpu, num_nodes))
+        return space_of(config, context_for(config, use_gpu, num_nodes, even_nodes=even))
     except SpaceError as e:
         raise spaces_error(e) from e
 

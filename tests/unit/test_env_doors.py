@@ -257,3 +257,26 @@ def test_a_choice_condition_may_test_only_context_values(tmp_path: Path) -> None
 @pytest.mark.parametrize("name", shipped_space_names())
 def test_every_shipped_space_still_loads(name: str) -> None:
     assert load_spaces([name])[0].params
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("NCCL_SOCKET_IFNAME", "^docker,lo", True),
+        ("NCCL_SOCKET_IFNAME", "=eth0", True),
+        ("NCCL_SOCKET_IFNAME", "^", False),
+        ("NCCL_SOCKET_IFNAME", "eth0,,eth1", False),
+        ("NCCL_SOCKET_IFNAME", "x" * 16, False),
+        ("GLOO_SOCKET_IFNAME", "eth0", True),
+        ("GLOO_SOCKET_IFNAME", "^lo", False),  # gloo: exact names only
+        ("GLOO_SOCKET_IFNAME", "=eth0", False),
+    ],
+)
+def test_interface_names_are_checked_by_who_reads_them(name: str, value: str, ok: bool) -> None:
+    """A bad GLOO_SOCKET_IFNAME failed every worker's process group at init (issue 24 review):
+    refused before a worker starts, naming the variable."""
+    if ok:
+        load_config(preset="smoke", sets=[f"env.{name}={value}"])
+    else:
+        with pytest.raises(ConfigError, match=name):
+            load_config(preset="smoke", sets=[f"env.{name}={value}"])
