@@ -22,6 +22,7 @@ import torch
 import yaml
 from torch import nn
 
+from search_spaces import env_strings
 from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, resplit
 
 Best = Mapping[str, Any]
@@ -57,8 +58,11 @@ def split(best: Best, world_size: int) -> tuple[int, int]:
 
 def worker_env(best: Best) -> dict[str, str]:
     """The tuned environment variables, for ``RunConfig(worker_runtime_env={"env_vars": ...})``
-    or the environment of a torchrun launch (every process must start with them)."""
-    return {str(k): str(v) for k, v in (best.get("env") or {}).items()}
+    or the environment of a torchrun launch (every process must start with them), checked as
+    every other route checks them (``search_spaces.env_strings``): a hand-edited best.yaml
+    cannot pass ``LD_PRELOAD`` or a YAML ``true`` that NCCL would read as 0."""
+    unsafe = bool((best.get("search") or {}).get("unsafe_nccl", False))
+    return env_strings(best.get("env") or {}, unsafe)
 
 
 def plan_for(best: Best, world_size: int) -> TrialPlan:

@@ -140,6 +140,9 @@ def test_tuned_split_keeps_the_global_batch() -> None:
 
 def test_tuned_env_and_plan() -> None:
     assert tuned.worker_env(BEST) == {"NCCL_BUFFSIZE": "8388608", "NCCL_ALGO": "allreduce:tree"}
+    with pytest.raises(ValueError, match="LD_PRELOAD"):  # a hand-edited best.yaml's door
+        tuned.worker_env({**BEST, "env": {"LD_PRELOAD": "/tmp/x.so"}})
+    assert tuned.worker_env({**BEST, "env": {"NCCL_IB_DISABLE": True}}) == {"NCCL_IB_DISABLE": "1"}
     plan = tuned.plan_for(BEST, 2)
     assert (plan.strategy, plan.fsdp.reshard_after_forward, plan.accumulation_steps) == (
         "fsdp", False, 4,
