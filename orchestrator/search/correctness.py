@@ -55,12 +55,18 @@ def relative_gap(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def check(base: dict[str, Any], got: dict[str, Any], tolerance: float = TOLERANCE) -> str | None:
+def check(
+    base: dict[str, Any], got: dict[str, Any], tolerance: float = TOLERANCE, fp16: bool = False
+) -> str | None:
     """Why ``got`` did not compute what the baseline did (the evidence for the trial's reason),
-    or None. Both are ``train_fns.guard`` figures over the same warm-up steps."""
+    or None. Both are ``train_fns.guard`` figures over the same warm-up steps. A gradient
+    figure both sides overflowed is a step GradScaler skips; under ``fp16`` so is one that
+    overflowed on one side only (another accumulation split sums other magnitudes at the same
+    loss scale), and the losses still judge the run."""
     for what, b, g, gradient in _figures(base, got):
-        if gradient and not math.isfinite(b) and not math.isfinite(g):
-            continue  # fp16: both overflowed at this loss scale, a step GradScaler skips
+        overflowed = (not math.isfinite(b), not math.isfinite(g))
+        if gradient and (all(overflowed) or (fp16 and any(overflowed))):
+            continue
         if not relative_gap(g, b) <= tolerance:  # NaN fails too
             return (
                 f"warm-up step {what} {g:.6g} vs the baseline's {b:.6g} "
@@ -101,7 +107,7 @@ def guard_check(
     old to record them) is not judged."""
     if not reference or not got:
         return None
-    why = check(reference, got, tolerance_for(plan))
+    why = check(reference, got, tolerance_for(plan), fp16=plan.precision == "fp16")
     if why is not None and plan.lossy():
         why += f" (lossy: {', '.join(plan.lossy())}, beyond its declared tolerance)"
     return why
