@@ -34,7 +34,7 @@ DOOR_WORDS = {
     "PLUGIN": "names a shared library that NCCL loads into every worker",
     "LIB": "names a shared library that is loaded into every worker",
     "SO": "names a shared library that is loaded into every worker",
-    "PATH": "is a search path for shared libraries loaded into every worker",
+    "PATH": "is a search path for executables or libraries every worker loads",
     "FILE": "names a file the worker reads or writes",
     "DIR": "names a folder the worker writes into",
     "DUMP": "makes the worker write dump files",

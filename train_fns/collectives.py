@@ -1,9 +1,10 @@
 """The bandwidth probe's per-rank sweep: time all-reduce, all-gather and reduce-scatter.
 
 Runs inside an initialised process group (a Ray Train worker or a spawned test rank) and
-measures as nccl-tests does: a barrier before each timed iteration so every rank starts
-together, the slowest rank's time per iteration (a collective ends when its last rank does),
-and the median over iterations. ``size_bytes`` is always the whole (unsharded) buffer.
+measures as nccl-tests does: a barrier before each timed loop of back-to-back calls so every
+rank starts together, the loop timed by CUDA events on GPUs, the slowest rank's time per call
+(a collective ends when its last rank does), and the median over loops. ``size_bytes`` is
+always the whole (unsharded) buffer.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ class StepParts:
 
     The phases (data, forward + backward, optimizer, and the exposed communication split out
     of forward + backward) come from each window's profiled step; the step time is the
-    window's mean per step, unprofiled steps included; the report draws their difference as
+    window's median plain step (on CPU, where every step is profiled, the same step); the
+    report draws their difference as
     "other". Exposed communication is the syncing micro-step minus one without sync: under
     FSDP that leaves the all-gathers in compute (``comm_scope``)."""
 
