@@ -335,7 +335,10 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(prefix or "<top>", f"expected a mapping, got {type(data).__name__}")
+        where = prefix.rstrip(".")
+        example = f"; set its keys, e.g. --set {where}.<key>=<value>" if where else ""
+        raise ConfigError(where or "<top>",
+                          f"expected a mapping, got {type(data).__name__}{example}")  # fmt: skip
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}

@@ -55,4 +55,4 @@ def space_of(config: Config, context: SearchContext) -> SearchSpace:
 
 def spaces_error(e: SpaceError) -> ConfigError:
     """A SpaceError as the config key it is about (``search.spaces.<param>``)."""
-    return ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", str(e))
+    return ConfigError(f"search.spaces.{e.key}" if e.key else "search.spaces", e.message)
