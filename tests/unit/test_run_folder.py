@@ -56,10 +56,25 @@ def _spelt_names(path: Path, root: Path = ROOT) -> list[str]:
     docs = _docstrings(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+        text = _folded(node)
+        if text is not None and id(node) not in docs:
             found += [f"{path.relative_to(root)}:{node.lineno} {name}"
-                      for name in WRITTEN_FILES if name in node.value]  # fmt: skip
+                      for name in WRITTEN_FILES if name in text]  # fmt: skip
     return found
+
+
+def _folded(node: ast.AST) -> str | None:
+    """A string constant, or constants joined by ``+`` or in an f-string ("best" + ".yaml",
+    f"{'trials'}.csv"); None for anything else."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _folded(node.left), _folded(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, ast.JoinedStr):
+        parts = [_folded(v.value if isinstance(v, ast.FormattedValue) else v) for v in node.values]
+        return None if None in parts else "".join(parts)
+    return None
 
 
 def _keys_read(path: Path, root: Path = ROOT) -> list[str]:
@@ -98,14 +113,16 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     key is only caught on the record it belongs to."""
     bad = tmp_path / "bad.py"
     lines = ['"""best.yaml in a docstring is fine."""', 'x = out / "best.yaml"',
+             'v = "run_info" + ".json"', "u = f\"{'trials'}.csv\"",
              'y = info["search_wall_s"]', 'z = run_info.get("backend")',
              'w = cfg["backend"]', 'v = summary.get("steps")',
              'u = record.summary["world_sizes"]', 't = summary["backend"]',
              's = info["steps"]']  # fmt: skip
     bad.write_text("\n".join(lines) + "\n")
-    assert [h.split()[-1] for h in _spelt_names(bad, tmp_path)] == ["best.yaml"]
+    spelt = sorted(h.split()[-1] for h in _spelt_names(bad, tmp_path))
+    assert spelt == ["best.yaml", "run_info.json", "trials.csv"]  # joined ones too
     assert [h.split()[0] for h in _keys_read(bad, tmp_path)] == [
-        "bad.py:3", "bad.py:4", "bad.py:6", "bad.py:7"
+        "bad.py:5", "bad.py:6", "bad.py:8", "bad.py:9"
     ]  # fmt: skip
 
 
