@@ -70,6 +70,17 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
     return context_for(config, use_gpu, len(counts), even_nodes=len(set(counts)) == 1)
 
 
+def check_tuned_layout(config: Config, context: SearchContext) -> None:
+    """A fixed ``tuned.hsdp`` needs the layout HSDP shards over (several nodes of as many
+    workers each): every plan would otherwise raise in its workers' mesh."""
+    if config.tuned.get("hsdp") and not (
+        context.num_nodes > 1 and context.workers_per_node > 1 and context.even_nodes
+    ):
+        raise ConfigError("tuned.hsdp", f"HSDP needs several nodes of as many workers each; a "
+                          f"group here spans {context.num_nodes} node(s) for "
+                          f"{context.world_size} workers: remove it")  # fmt: skip
+
+
 def run_search(
     config: Config,
     out: Path,
@@ -88,6 +99,7 @@ def run_search(
         use_gpu = resolve_gpu(config)
         check_capacity(config, use_gpu)
         space = space_of(config, search_context(config, use_gpu))
+        check_tuned_layout(config, space.context)
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)

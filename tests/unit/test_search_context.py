@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.config import ConfigError, load_config
 from orchestrator.search import pipeline
 from search_spaces import SearchSpace, load_spaces
 
@@ -60,3 +60,15 @@ def test_a_spread_group_of_one_gpu_per_node_gets_pat(monkeypatch) -> None:  # no
     context, _, algos = _offered(_nodes(8, 8, 8, 8), 4, "spread", monkeypatch)
     assert (context.num_nodes, context.workers_per_node) == (4, 1)
     assert "allgather:pat;reducescatter:pat" in algos
+
+
+def test_a_fixed_hsdp_on_one_node_is_refused_before_any_worker() -> None:
+    """tuned.hsdp bypasses the space's condition; every plan would raise in its mesh."""
+    from orchestrator.search.pipeline import check_tuned_layout
+    from search_spaces import SearchContext
+
+    config = load_config(None, "smoke", ["strategy=fsdp", "tuned={hsdp: true}"])
+    one_node = SearchContext("nccl", "fsdp", True, 2, 1, 8)
+    with pytest.raises(ConfigError, match="^tuned.hsdp: HSDP needs several nodes"):
+        check_tuned_layout(config, one_node)
+    check_tuned_layout(config, SearchContext("nccl", "fsdp", True, 4, 2, 8))
