@@ -44,7 +44,7 @@ def side_group() -> dist.ProcessGroup | None:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return None
     world = dist.group.WORLD
-    if not _SIDE_GROUP or _SIDE_GROUP[0] is not world:
+    if not _SIDE_GROUP or _SIDE_GROUP[0][0] is not world:
         route_gloo(os.environ, [name for _, name in socket.if_nameindex()], has_ipv4)
         timeout = timedelta(seconds=SIDE_TIMEOUT_S)
         _SIDE_GROUP[:] = [(world, dist.new_group(backend="gloo", timeout=timeout))]
