@@ -75,7 +75,7 @@ def ranking_line(preset: str, cold: dict[tuple, float], warm: dict[tuple, float]
 
 
 def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
-    parts = ["start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s"]
+    parts = [p for p in TIMING_PARTS if p != "measured_s"]
     head = f"{'preset':10} {'evaluation':10} {'trials':>6} {'command':>8} {'trials wall':>11} "
     head += f"{'measured':>9} {'share':>6}  " + " ".join(
         f"{p.removesuffix('_s'):>8}" for p in parts

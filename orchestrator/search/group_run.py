@@ -391,6 +391,8 @@ class GroupRun:
             "warmup_s": setup.get("warmup_s", 0.0),
             "reference_s": setup.get("reference_s", 0.0),
             "measured_s": sum(max(w.get(m.WINDOW_WALL_S, 0.0) for w in r) for r in windows),
+            # the workers freeing the configuration (garbage, cached memory, its groups)
+            "free_s": max((e.get("free_s", 0.0) for e in self.ends[index].values()), default=0.0),
         }
         parts["start_s"] = max(0.0, parts["start_s"] - parts["imports_s"])
         parts["other_s"] = max(0.0, wall_s - sum(parts.values()))

@@ -55,12 +55,14 @@ _CSV_METRICS = (
 
 
 TIMING_PARTS = (
-    "measured_s", "start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s", "other_s",
+    "measured_s", "start_s", "imports_s", "build_s", "wrap_s", "warmup_s", "reference_s",
+    "free_s", "other_s",
 )  # fmt: skip
 """Where a trial's wall-clock went (``trial_wall_s``): its measured steps, then the overhead:
 its worker group's start (processes, process group; the group's first trial pays it) and
 imports, model build, wrap (the first collective inits NCCL's communicators), warm-up steps,
-the no-sync compute reference, and the rest (driver, queue, freeing memory)."""
+the no-sync compute reference, freeing it (garbage, cached memory, its process groups), and
+the rest (driver, queue)."""
 
 
 @dataclasses.dataclass(frozen=True)
