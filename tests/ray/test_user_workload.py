@@ -80,8 +80,8 @@ def moe_searched(
         "orchestrator.search", "--preset", "smoke", "--out", str(out),
         "--set", f"workload.entrypoint={ROOT / 'examples' / 'moe_workload.py'}:make_workload",
         "--set", "workload.options={width: 16, experts: 4}", "--set", "workload.global_batch=8",
-        "--set", "search.spaces=[strategy, accumulation]", "--set", "search.sampler=grid",
-        "--set", "search.trials=4",
+        "--set", "search.spaces=[strategy]", "--set", "search.sampler=grid",
+        "--set", "search.trials=2",  # the grid: ddp, then fsdp
         "--set", "search.prune=false", "--set", "search.scaling_baseline=false",
     )  # fmt: skip
     return out, proc
@@ -95,8 +95,8 @@ def test_search_runs_a_model_that_leaves_parameters_unused(moe_searched) -> None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "got no gradient in some micro-batches" in proc.stdout
     rows = list(csv.DictReader((out / "trials.csv").open()))
-    assert len(rows) == 4 and all(r["state"] == "complete" for r in rows), rows
-    assert {r["strategy"] for r in rows} == {"ddp", "fsdp"}, rows
+    assert len(rows) == 2 and all(r["state"] == "complete" for r in rows), rows
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp"], rows
     best = yaml.safe_load((out / "best.yaml").read_text().split("\n", 2)[2])
     assert best["workload"]["unused_parameters"] is True
 
