@@ -55,20 +55,27 @@ def run(module: str, *args: str, timeout_s: float = 600) -> subprocess.Completed
     )  # fmt: skip
 
 
+def search(out: Path, entrypoint: Path, options: str, spaces: str,
+           trials: int) -> subprocess.CompletedProcess:  # fmt: skip
+    """A grid search of a workload file on the smoke preset (global batch 8, no pruning and no
+    single-worker baseline: every configuration of the grid's first ``trials`` runs)."""
+    return run(
+        "orchestrator.search", "--preset", "smoke", "--out", str(out),
+        "--set", f"workload.entrypoint={entrypoint}:make_workload",
+        "--set", f"workload.options={options}", "--set", "workload.global_batch=8",
+        "--set", f"search.spaces={spaces}", "--set", "search.sampler=grid",
+        "--set", f"search.trials={trials}", "--set", "search.prune=false",
+        "--set", "search.scaling_baseline=false",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     outside = tmp_path_factory.mktemp("user_code")
     (outside / "my_workload.py").write_text(textwrap.dedent(WORKLOAD))
     out = tmp_path_factory.mktemp("search")
-    proc = run(
-        "orchestrator.search", "--preset", "smoke", "--out", str(out),
-        "--set", f"workload.entrypoint={outside / 'my_workload.py'}:make_workload",
-        "--set", "workload.options={width: 16}", "--set", "workload.global_batch=8",
-        "--set", "search.spaces=[strategy, accumulation]", "--set", "search.sampler=grid",
-        "--set", "search.trials=8", "--set", "search.prune=false",
-        "--set", "search.scaling_baseline=false",
-    )  # fmt: skip
-    return out, proc
+    return out, search(out, outside / "my_workload.py", "{width: 16}",
+                       "[strategy, accumulation]", 8)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +83,9 @@ def moe_searched(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("moe")
-    proc = run(
-        "orchestrator.search", "--preset", "smoke", "--out", str(out),
-        "--set", f"workload.entrypoint={ROOT / 'examples' / 'moe_workload.py'}:make_workload",
-        "--set", "workload.options={width: 16, experts: 4}", "--set", "workload.global_batch=8",
-        "--set", "search.spaces=[strategy]", "--set", "search.sampler=grid",
-        "--set", "search.trials=2",  # the grid: ddp, then fsdp
-        "--set", "search.prune=false", "--set", "search.scaling_baseline=false",
-    )  # fmt: skip
-    return out, proc
+    # the grid: ddp, then fsdp
+    return out, search(out, ROOT / "examples" / "moe_workload.py", "{width: 16, experts: 4}",
+                       "[strategy]", 2)  # fmt: skip
 
 
 @pytest.mark.slow
