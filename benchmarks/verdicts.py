@@ -4,7 +4,8 @@ Runs ``python -m orchestrator.search`` (the cpu-demo default, each run in its ow
 the same seed) ``--clean`` times on a quiet machine, then ``--hogged`` times with a CPU hog
 (one busy process per core) started when the re-measurement begins and stopped after
 ``--hog-s`` seconds, as a neighbour job would. For each run it prints the final verdict line and
-the re-measured runs flagged disturbed in ``remeasure.csv``. A verdict a user can bet on is the
+the measurements behind it (``remeasure.csv``: window pairs' ratios, or paired runs and
+those flagged disturbed). A verdict a user can bet on is the
 same finalist (or the same "keep the baseline") on the clean runs, and the hogged run either
 agrees, measures the disturbed runs again, or says it is too noisy to decide.
 
@@ -28,8 +29,8 @@ from pathlib import Path
 from orchestrator.runfiles import REMEASURE_CSV
 
 ROOT = Path(__file__).resolve().parents[1]
-REMEASURE_MARK = "re-measure 1/"
-"""The search's first re-measurement line: the moment the hog starts."""
+REMEASURE_MARK = "finalists:"
+"""The search's line naming its finalists, before they are measured again: the hog starts."""
 
 
 def _burn(stop_at: float) -> None:
@@ -66,14 +67,14 @@ def run_once(out: Path, hog_s: float | None, extra: list[str]) -> dict[str, str]
         p.join()
     if code != 0:
         raise SystemExit(f"search exited {code}:\n" + "\n".join(lines[-30:]))
-    verdict = next((x.strip() for x in reversed(lines) if _VERDICT in x), "(no verdict)")
+    verdict = next((x.strip() for x in reversed(lines) if x.startswith(_VERDICT)), "(no verdict)")
     wall_s = f"{time.monotonic() - started:.0f}"
     path = out / REMEASURE_CSV
     return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(path),
             "sequence": _sequence(path)}  # fmt: skip
 
 
-_VERDICT = "re-measured, interleaved with the baseline:"
+_VERDICT = "verdict: "
 """How the search's summary introduces the verdict (orchestrator.search.results)."""
 
 
@@ -87,12 +88,19 @@ def _disturbed(path: Path) -> str:
 
 
 def _sequence(path: Path) -> str:
-    """The re-measured runs in order, as the issue wrote them: ``B 22.14 (13.2%) | t5 ...``;
-    a repeat after a disturbed run follows it, marked ``again``."""
+    """The measurements in order: paired runs as the issue wrote them (``B 22.14 (13.2%) |
+    t5 ...``, a repeat after a disturbed run marked ``again``), window pairs as each
+    finalist's ratios (``t5: 1.08 1.11 1.07``)."""
     if not path.exists():
         return ""
-    parts = []
+    parts, pairs = [], {}
     for r in csv.DictReader(path.open()):
+        if r.get("pairing") == "window":
+            if r["role"] == "finalist" and r["pair"] != "":
+                pairs.setdefault(r["trial"], {})[r["pair"]] = r["samples_per_s"]
+            elif r["role"] == "baseline" and r["pair"] != "":
+                pairs.setdefault(r["against"], {})[f"b{r['pair']}"] = r["samples_per_s"]
+            continue
         who = "B" if r["role"] == "baseline" else f"t{r['trial']}"
         if not r["samples_per_s"]:
             parts.append(f"{who} {r['state']}")
@@ -100,6 +108,10 @@ def _sequence(path: Path) -> str:
         figure = f"{float(r['samples_per_s']):.2f} ({float(r['throughput_cv'] or 0):.1%})"
         mark = (" again" if r["repeat"] != "0" else "") + (" disturbed" if r["disturbed"] else "")
         parts.append(f"{who}{mark} {figure}")
+    for trial, got in pairs.items():
+        ratios = [float(got[k]) / float(got[f"b{k}"]) for k in got
+                  if not k.startswith("b") and got[k] and got.get(f"b{k}")]  # fmt: skip
+        parts.append(f"t{trial}: " + " ".join(f"{x:.3f}" for x in ratios))
     return " | ".join(parts)
 
 

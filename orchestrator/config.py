@@ -55,6 +55,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "search.time_budget_min": (0.01, 365.0 * 24 * 60),
     "search.remeasure_top": (0, 1000),
     "search.remeasure_repeats": (0, 10),
+    "search.verdict_delta": (0.0, 0.5),
+    "search.verdict_pairs": (3, 1000),  # three: the fewest pairs a decision is taken on
     "search.group_size": (1, 10_000),
     "search.concurrency": (1, 1024),
     "search.cost_model_seeds": (0, 1000),
@@ -171,10 +173,17 @@ class SearchConfig:
     time_budget_min: float | None = None
     """Stop starting trials after this many minutes (the running one finishes)."""
     remeasure_top: int = 3
-    """Re-measure this many of the best configs interleaved with the baseline at the end."""
+    """At most this many finalists are measured again beside the baseline at the end: those
+    whose search figure is within the search's noise of the best (0: none, no verdict)."""
     remeasure_repeats: int = 2
-    """Measure a disturbed re-measurement run (window cv far above the others', or far from its
-    configuration's other runs) again, up to this many times."""
+    """Group pairing only: measure a disturbed run (window cv far above the others', or far
+    from its configuration's other runs) again, up to this many times."""
+    verdict_delta: float = 0.02
+    """The noise threshold δ: a finalist is kept when its ratio to the baseline is above 1 + δ
+    with 95% confidence, and "no gain worth having" when below it."""
+    verdict_pairs: int = 10
+    """Window pairing: the most baseline/finalist window pairs a finalist gets before the
+    verdict says "too noisy to decide" (it stops as soon as it decides)."""
     scaling_baseline: bool = True
     """Measure the baseline once on a single worker, for scaling efficiency
     ``throughput(N) / (N x throughput(1))``."""

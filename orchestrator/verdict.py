@@ -1,20 +1,24 @@
-"""The verdict against the baseline: each finalist's ratio to the baseline runs beside it.
+"""The verdict against the baseline: is a finalist faster by a gain worth having, decided
+from measurements taken side by side with the baseline's?
 
 A search compares trials measured minutes apart on a machine whose speed drifts; the final
-claim compares each finalist with the baseline runs measured right before and after it (B c1 B
-c2 B ...). One disturbed run (a neighbour process busy for a minute) must not decide it, so:
+claim compares each finalist with baseline measurements right beside it, paired one of two ways:
 
-- a measurement whose window cv is far above the sequence's typical cv, or whose figure is far
-  from the other measurements of the same configuration (every baseline run repeats the
-  baseline), is *disturbed*: the search measures it again and the verdict leaves it out;
-- a finalist's ratio is the median of its paired ratios (finalist / neighbouring baseline), its
-  noise adds the finalist's window noise and the baseline's run-to-run spread taken from the
-  median absolute deviation, which one outlier cannot blow up;
-- the winner is the finalist whose interval has the highest lower end, and only when that end
-  is above 1; when an interval reaches both 1 and a gain worth having, the machine was too noisy
-  to decide, which is said with the numbers instead of "no significant gain".
+- **window** pairing (``orchestrator.paired``, ``search.race``): where the finalist differs
+  from the baseline only in what a warm worker group can switch, both stay built in the same
+  processes and alternate window by window until the paired ratio's interval decides;
+- **group** pairing: where the switch needs new processes (NCCL variables), the runs are whole
+  worker groups, B c1 B c2 B, as before: a measurement whose window cv is far above the
+  sequence's typical cv, or whose figure is far from the other measurements of the same
+  configuration (every baseline run repeats the baseline), is *disturbed*, measured again and
+  left out; a finalist's ratio is the median of its paired ratios, its noise the finalist's
+  window noise and the baseline's run-to-run spread from the median absolute deviation.
 
-The search (``search.finalists``), the report and the doctor (from remeasure.csv) all judge here.
+Either way the decision is one rule (``decide``) against the noise threshold δ
+(``search.verdict_delta``): keep a finalist whose interval lies wholly above 1 + δ (the one with
+the highest lower end), no gain worth having where every interval lies below 1 + δ, and "too
+noisy to decide", with the figures, where one still reaches above it. The search, the report
+and the doctor all read the verdict from remeasure.csv (``verdict_from_rows``): one verdict.
 """
 
 from __future__ import annotations
@@ -23,13 +27,21 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from orchestrator.paired import PairedRatio, ratios_from_rows
 from orchestrator.runfiles import BEST_YAML
 
+DELTA = 0.02
+"""The default noise threshold δ: a gain under 2% is not worth a configuration change, and a
+paired window ratio on these machines scatters by 1-3% (the A/A benchmark's figure), so a
+threshold below that would need tens of pairs to decide anything."""
 SIGNIFICANCE = 2.0
-"""A gain is claimed only when the ratio is this many spreads away from 1 (the interval's half
-width)."""
-MIN_GAIN = 0.05
-"""A gain worth keeping: an interval that reaches 1 + MIN_GAIN and 1 leaves the question open."""
+"""Group pairing: the interval's half width is this many spreads."""
+KEEP, NO_GAIN, SLOWER, UNDECIDED = "keep", "no gain", "slower", "undecided"
+WINDOW, GROUP = "window", "group"
+PAIRINGS = {
+    WINDOW: "paired windows in the same processes",
+    GROUP: "paired runs in separate worker groups",
+}
 DISTURBED_CV_FACTOR = 2.0
 """A window cv this many times the sequence's median cv marks a disturbed measurement ..."""
 DISTURBED_CV_FLOOR = 0.02
@@ -42,9 +54,22 @@ difference an outlier)."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 HELPS = (
-    "what helps: more windows per run (search.windows), a quieter machine, more repeats of "
-    "disturbed runs (search.remeasure_repeats) or fewer finalists (search.remeasure_top)"
+    "what helps: more pairs (search.verdict_pairs), a quieter machine, fewer finalists "
+    "(search.remeasure_top), or a larger noise threshold (search.verdict_delta)"
 )
+
+
+def decide(low: float, high: float, delta: float) -> str:
+    """What an interval of the ratio to the baseline decides against the threshold ``delta``:
+    ``keep`` wholly above 1 + δ, ``slower`` wholly below 1 - δ, ``no gain`` (worth having)
+    wholly below 1 + δ otherwise, ``undecided`` while it still reaches above 1 + δ."""
+    if low > 1 + delta:
+        return KEEP
+    if high < 1 - delta:
+        return SLOWER
+    if high <= 1 + delta:
+        return NO_GAIN
+    return UNDECIDED
 
 
 @dataclass(frozen=True)
@@ -78,48 +103,51 @@ class Run:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One finalist against the clean baseline measurements right beside it."""
+    """One finalist against the baseline measured beside it."""
 
     number: int
     ratio: float
-    """Median of the paired ratios (finalist / neighbouring baseline)."""
-    spread: float
-    """One standard deviation of the ratio; the interval is +/- SIGNIFICANCE spreads."""
+    low: float
+    high: float
+    """The interval of the ratio."""
     pairs: int
     """Paired comparisons behind the ratio."""
-    repeated: bool
-    """The finalist or a neighbouring baseline was measured again because of disturbance."""
+    pairing: str
+    """``window`` or ``group`` (``PAIRINGS``)."""
     samples_per_s: float
     baseline_samples_per_s: float
+    delta: float = DELTA
+    repeated: bool = False
+    """Group pairing: a run was measured again because of disturbance."""
+    disturbed: int = 0
+    """Window pairing: pairs left out as disturbed (``paired.PairedRatio.disturbed``)."""
 
     @property
-    def low(self) -> float:
-        return self.ratio - SIGNIFICANCE * self.spread
-
-    @property
-    def high(self) -> float:
-        return self.ratio + SIGNIFICANCE * self.spread
-
-    @property
-    def significant(self) -> bool:
-        return self.low > 1.0 or self.high < 1.0
+    def decision(self) -> str:
+        return decide(self.low, self.high, self.delta)
 
     def evidence(self) -> str:
         """Ratio, interval and what it rests on, for the final line, best.yaml and the report."""
         again = ", some repeated after a disturbed run" if self.repeated else ""
+        if self.disturbed:
+            again = f", {self.disturbed} disturbed pair{'s' if self.disturbed > 1 else ''} left out"
+        kind = "window pair" if self.pairing == WINDOW else "paired run"
         return (
             f"{self.ratio:.2f}x baseline (interval {self.low:.2f}-{self.high:.2f} from "
-            f"{self.pairs} paired comparison{'s' if self.pairs != 1 else ''}{again}; "
-            f"{self.samples_per_s:.2f} vs {self.baseline_samples_per_s:.2f} samples/s)"
+            f"{self.pairs} {kind}{'s' if self.pairs != 1 else ''}{again}, noise threshold "
+            f"δ {self.delta:.0%}; {self.samples_per_s:.2f} vs "
+            f"{self.baseline_samples_per_s:.2f} samples/s)"
         )
 
     def line(self) -> str:
-        verdict = (
-            ("significant gain" if self.ratio > 1 else "significantly slower")
-            if self.significant
-            else "no significant gain"
-        )
-        return f"trial {self.number} = {self.evidence()}: {verdict}"
+        said = {
+            KEEP: f"a gain above 1 + δ = {1 + self.delta:.2f}",
+            NO_GAIN: f"no gain worth having (below 1 + δ = {1 + self.delta:.2f})",
+            SLOWER: f"slower (below 1 - δ = {1 - self.delta:.2f})",
+            UNDECIDED: f"undecided (the interval reaches both sides of 1 + δ = "
+            f"{1 + self.delta:.2f})",
+        }[self.decision]
+        return f"trial {self.number} = {self.evidence()}: {said}"
 
 
 @dataclass(frozen=True)
@@ -129,39 +157,49 @@ class Verdict:
     comparisons: list[Comparison]
     """Highest lower end of the interval first."""
     baseline_spread: float
-    """Relative run-to-run spread of the clean baseline measurements."""
+    """Relative spread of the clean baseline measurements (runs, or windows)."""
     disturbed: list[str] = field(default_factory=list)
     """One line per disturbed measurement (left out of the verdict)."""
+    delta: float = DELTA
 
     @property
     def chosen(self) -> Comparison | None:
-        """The finalist to keep: the highest lower end, when it is above 1."""
+        """The finalist to keep: the highest lower end, when it is above 1 + δ."""
         top = self.comparisons[0] if self.comparisons else None
-        return top if top is not None and top.low > 1.0 else None
+        return top if top is not None and top.decision == KEEP else None
 
     @property
     def too_noisy(self) -> bool:
-        """No winner, but some interval reaches a gain worth having: the noise hides it."""
-        return self.chosen is None and any(c.high > 1 + MIN_GAIN for c in self.comparisons)
+        """No winner, but some interval still reaches a gain worth having: the noise hides it."""
+        return self.chosen is None and any(c.decision == UNDECIDED for c in self.comparisons)
+
+    @property
+    def pairing(self) -> str:
+        """How the comparisons were paired, in words (both kinds where both ran)."""
+        kinds = sorted({c.pairing for c in self.comparisons})
+        return " and ".join(PAIRINGS[k] for k in kinds) or "nothing paired"
 
     def line(self) -> str:
         """The final line: the finalist actually chosen, or why the baseline stays."""
-        noise = f"baseline run-to-run spread {self.baseline_spread:.1%}"
+        spread_of = "window-to-window" if all(c.pairing == WINDOW for c in self.comparisons) \
+            else "run-to-run"  # fmt: skip
+        noise = f"{self.pairing}; baseline {spread_of} spread {self.baseline_spread:.1%}"
         if self.disturbed:
             noise += f", {len(self.disturbed)} disturbed measurement(s) left out"
         if self.chosen is not None:
             return f"keep trial {self.chosen.number}: {self.chosen.evidence()} ({noise})"
         if not self.comparisons:
-            return f"no finalist could be compared with a clean baseline run ({noise})"
+            return f"no finalist could be compared with a clean baseline measurement ({noise})"
         top = self.comparisons[0]
         if self.too_noisy:
             return (
                 f"too noisy to decide: trial {top.number} is {top.evidence()}, an interval that "
-                f"reaches below 1 ({noise}); {BEST_YAML} keeps the baseline; {HELPS}"
+                f"reaches both sides of 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} "
+                f"keeps the baseline; {HELPS}"
             )
         return (
-            f"no significant gain: the best finalist, trial {top.number}, is {top.evidence()} "
-            f"({noise}); {BEST_YAML} keeps the baseline"
+            f"no gain worth having: the best finalist, trial {top.number}, is {top.evidence()}, "
+            f"below 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} keeps the baseline"
         )
 
 
@@ -209,8 +247,9 @@ def disturbances(runs: list[Run]) -> list[list[str]]:
     return out
 
 
-def judge(runs: list[Run], windows: int = 1) -> Verdict:
-    """Every finalist with a clean measurement against its clean neighbouring baselines."""
+def judge(runs: list[Run], windows: int = 1, delta: float = DELTA) -> Verdict:
+    """Group pairing: every finalist with a clean measurement against its clean neighbouring
+    baselines."""
     why = disturbances(runs)
     clean = [
         [ms for ms, w in zip(r.measures, ws, strict=True) if ms.samples_per_s and not w]
@@ -228,12 +267,14 @@ def judge(runs: list[Run], windows: int = 1) -> Verdict:
         cvals = [ms.samples_per_s for ms in clean[i]]
         ratio = statistics.median(c / b for c in cvals for b in bvals)
         config_noise = statistics.median(ms.cv for ms in clean[i]) / math.sqrt(windows)
-        rel = math.sqrt(config_noise**2 / len(cvals) + base_spread**2 / len(bvals))
-        repeated = any(runs[j].repeats for j in (i, *near))
+        half = SIGNIFICANCE * ratio * math.sqrt(
+            config_noise**2 / len(cvals) + base_spread**2 / len(bvals)
+        )
         comps.append(
             Comparison(
-                run.number, ratio, ratio * rel, len(cvals) * len(bvals), repeated,
-                statistics.median(cvals), statistics.median(bvals),
+                run.number, ratio, ratio - half, ratio + half, len(cvals) * len(bvals), GROUP,
+                statistics.median(cvals), statistics.median(bvals), delta,
+                repeated=any(runs[j].repeats for j in (i, *near)),
             )
         )  # fmt: skip
     shown = [
@@ -243,12 +284,51 @@ def judge(runs: list[Run], windows: int = 1) -> Verdict:
         for k, w in enumerate(ws)
         if w
     ]
-    return Verdict(sorted(comps, key=lambda c: -c.low), base_spread, shown)
+    return Verdict(_ranked(comps), base_spread, shown, delta)
 
 
-def comparisons(runs: list[Run], windows: int = 1) -> list[Comparison]:
-    """The finalists' comparisons, highest lower end first."""
-    return judge(runs, windows).comparisons
+def _ranked(comps: list[Comparison]) -> list[Comparison]:
+    """Highest lower end first (the verdict keeps the first when it decides a gain)."""
+    return sorted(comps, key=lambda c: -c.low)
+
+
+def window_comparison(
+    number: int, ratios: list[float], baseline: list[float], delta: float
+) -> Comparison:
+    """Window pairing: a finalist's comparison from its pairs' ratios and baseline windows."""
+    paired = PairedRatio(tuple(ratios))
+    gone = set(paired.disturbed)
+    kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
+    base = math.exp(statistics.fmean(math.log(b) for b in kept))
+    return Comparison(number, paired.ratio, paired.low, paired.high, paired.pairs, WINDOW,
+                      base * paired.ratio, base, delta, disturbed=len(gone))  # fmt: skip
+
+
+def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) -> Verdict:
+    """remeasure.csv's verdict: its window-paired finalists and its group-paired runs judged
+    together, against the δ the file records (``default_delta`` where it records none)."""
+    delta = _recorded_delta(rows, default_delta)
+    group_rows = [r for r in rows if r.get("pairing", GROUP) in ("", GROUP)]
+    runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
+    grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
+    found = ratios_from_rows(rows)
+    paired = [window_comparison(n, r, b, delta) for n, (r, b) in found.items()]
+    if not paired:
+        return grouped
+    base_windows = [b for _, base in found.values() for b in base]
+    spread = grouped.baseline_spread if runs else robust_spread(base_windows)
+    return Verdict(_ranked(grouped.comparisons + paired), spread, grouped.disturbed, delta)
+
+
+def _recorded_delta(rows: list[dict[str, str]], default: float) -> float:
+    for row in rows:
+        try:
+            value = float(row.get("delta") or "nan")
+        except ValueError:
+            continue
+        if 0 <= value < 1:
+            return value
+    return default
 
 
 def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:

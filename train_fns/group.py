@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from train_fns import metrics as m
-from train_fns.loop import run_training
+from train_fns.loop import StepRunner, run_training
 from train_fns.plan import TrialPlan
 from train_fns.ranks import reduce_over_ranks, side_group
 
@@ -46,13 +46,22 @@ def evaluate_plans(
     started: dict[str, float] | None = None,
 ) -> None:
     """Measure each plan in turn on this rank until ``next_plan`` gives None; ``started``
-    (group set-up times, e.g. imports) rides along with the first start message."""
+    (group set-up times, e.g. imports) rides along with the first start message.
+
+    A plan with a ``resident`` key keeps what it built (``run_training``) until a plan without
+    one arrives: the residents, and the process groups they made, are freed then, together."""
     side_group()  # made here, where every rank is, before any plan needs it
+    residents: dict[str, StepRunner] = {}
+    before_residents: set[dist.ProcessGroup] = set()
     for index, plan in enumerate(iter(next_plan, None)):
         if rank == 0 or index == 0:
             send({"kind": START, "index": index, "rank": rank, "time": time.time(),
                   **(started or {})})  # fmt: skip
             started = None
+        if residents and plan.resident is None:
+            residents.clear()
+            free_memory(device)
+            release_groups(before_residents, device)
         windows: list[dict[str, Any]] = []
 
         def on_window(window: dict[str, Any], index: int = index, windows: list = windows) -> None:
@@ -62,14 +71,21 @@ def evaluate_plans(
 
         status, reason, oom_step = m.COMPLETE, "", -1
         groups = live_groups()
+        if not residents:
+            before_residents = groups
         try:
-            if not run_training(plan, rank, world_size, device, on_window):
+            if not run_training(plan, rank, world_size, device, on_window, residents):
                 status = m.PRUNED
         except torch.OutOfMemoryError as e:
             status, reason, oom_step = m.OOM, str(e), getattr(e, "step", -1)
+            residents.pop(plan.resident or "", None)  # the others stay
         free_start = time.perf_counter()
-        free_memory(device)
-        if status != m.OOM:  # after an OOM, agree first: its ranks may sit at other collectives
+        kept = plan.resident in residents
+        if not kept:
+            free_memory(device)
+        elif device.type == "cuda":  # the residents stay; the next window's peak is its own
+            torch.cuda.reset_peak_memory_stats(device)
+        if status != m.OOM and not kept:  # after an OOM, agree first: ranks may sit elsewhere
             release_groups(groups, device)
         send(
             {

@@ -6,6 +6,7 @@ callable, so the dist tests drive it with torch.multiprocessing and a list's ``a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -312,6 +313,7 @@ def run_training(
     world_size: int,
     device: torch.device,
     report: Callable[[dict], None],
+    residents: dict[str, StepRunner] | None = None,
 ) -> bool:
     """Train ``plan`` on this rank and ``report`` one metrics dict per measurement window.
 
@@ -320,50 +322,80 @@ def run_training(
     ``plan.step_deadline_s`` seconds, set-up included. Returns False when the run stopped
     early because it was clearly slower than ``plan.prune_below`` (every rank decides alike,
     from the slowest rank's step time), True when every window was measured.
+
+    ``residents``: the runners kept alive by key (``TrialPlan.resident``). A plan whose key is
+    there measures on that runner (no build, no guard: it was checked when it was built); one
+    whose key is not builds as usual and is kept there.
     """
     if world_size != plan.world_size:
         raise ValueError(f"plan is for world_size={plan.world_size}, running on {world_size}")
     watchdog = Watchdog(rank, plan.step_deadline_s, marker_dir=plan.marker_dir).start()
     try:
+        kept = residents.get(plan.resident) if residents is not None and plan.resident else None
+        if kept is not None:
+            kept.plan = dataclasses.replace(
+                kept.plan, warmup_steps=plan.warmup_steps, measure_steps=plan.measure_steps,
+                num_windows=plan.num_windows, prune_below=plan.prune_below,
+            )  # fmt: skip
+            kept.reference_s = 0.0  # its no-sync reference was taken (and timed) once, at build
+            setup = {"model_build_s": 0.0, "wrap_s": 0.0, "warmup_s": 0.0, "reference_s": 0.0}
+            return _train_windows(kept, world_size, setup, report, watchdog, guard=None)
         runner, setup = build_runner(plan, rank, device)
-        ends, throughputs, guard, checked = window_ends(plan), [], Guard(), {}
-        runner.before_optimizer = guard.after_backward
-        # Dropout off in the guarded warm-up steps (see train_fns.guard); the last warm-up step
-        # (when there are two or more) runs in train mode, so that the first measured step is
-        # never the first one with dropout on.
-        guarded = guarded_steps(plan.warmup_steps)
-        runner.model.eval()
-        window_start = time.perf_counter()
-        for step in range(plan.total_steps):
-            # one profiled step per window, its last (see train_fns.timing)
-            loss = _run_step_with_context(runner, step, profiled=step + 1 in ends)
-            watchdog.beat()
-            if step < guarded:
-                guard.record_loss(loss)
-            if step + 1 == guarded:
-                runner.before_optimizer = None
-                runner.model.train()
-                checked = guard.figures()
-                # the peak reported is of training steps, not of the guard's float64 copies;
-                # the last warm-up step (if any) regrows the allocator's cache (timing.py)
-                runner.timer.reset_peak()
-            if step + 1 == plan.warmup_steps:
-                setup["warmup_s"] = time.perf_counter() - window_start
-                runner.timer.take_window()  # warm-up steps are never measured
-                runner.precision.reset_num_nonfinite()
-                window_start = time.perf_counter()
-            if step + 1 in ends:
-                wall_s = time.perf_counter() - window_start
-                metrics = _window_metrics(runner, step, world_size, loss, setup, wall_s)
-                metrics[m.GUARD], checked = checked, {}  # the first window carries it
-                report(metrics)
-                throughputs.append(plan.global_batch / metrics[m.GLOBAL_STEP_TIME_S])
-                if should_prune(throughputs, plan.prune_below):
-                    return False
-                window_start = time.perf_counter()
-        return True
+        if residents is not None and plan.resident:
+            residents[plan.resident] = runner
+        return _train_windows(runner, world_size, setup, report, watchdog, guard=Guard())
     finally:
         watchdog.stop()
+
+
+def _train_windows(
+    runner: StepRunner,
+    world_size: int,
+    setup: dict[str, float],
+    report: Callable[[dict], None],
+    watchdog: Watchdog,
+    guard: Guard | None,
+) -> bool:
+    """The warm-up steps (the first of them guarded when ``guard`` is given) and the measured
+    windows of ``runner.plan``; see ``run_training``."""
+    plan = runner.plan
+    ends, throughputs, checked = window_ends(plan), [], {}
+    # Dropout off in the guarded warm-up steps (see train_fns.guard); the last warm-up step
+    # (when there are two or more) runs in train mode, so that the first measured step is
+    # never the first one with dropout on.
+    guarded = guarded_steps(plan.warmup_steps) if guard is not None else 0
+    if guard is not None:
+        runner.before_optimizer = guard.after_backward
+        runner.model.eval()
+    window_start = time.perf_counter()
+    for step in range(plan.total_steps):
+        # one profiled step per window, its last (see train_fns.timing)
+        loss = _run_step_with_context(runner, step, profiled=step + 1 in ends)
+        watchdog.beat()
+        if step < guarded:
+            guard.record_loss(loss)
+        if step + 1 == guarded:
+            runner.before_optimizer = None
+            runner.model.train()
+            checked = guard.figures()
+            # the peak reported is of training steps, not of the guard's float64 copies;
+            # the last warm-up step (if any) regrows the allocator's cache (timing.py)
+            runner.timer.reset_peak()
+        if step + 1 == plan.warmup_steps:
+            setup["warmup_s"] = time.perf_counter() - window_start
+            runner.timer.take_window()  # warm-up steps are never measured
+            runner.precision.reset_num_nonfinite()
+            window_start = time.perf_counter()
+        if step + 1 in ends:
+            wall_s = time.perf_counter() - window_start
+            metrics = _window_metrics(runner, step, world_size, loss, setup, wall_s)
+            metrics[m.GUARD], checked = checked, {}  # the first window carries it
+            report(metrics)
+            throughputs.append(plan.global_batch / metrics[m.GLOBAL_STEP_TIME_S])
+            if should_prune(throughputs, plan.prune_below):
+                return False
+            window_start = time.perf_counter()
+    return True
 
 
 def should_prune(window_throughputs: list[float], threshold: float | None) -> bool:

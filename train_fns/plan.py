@@ -194,6 +194,11 @@ class TrialPlan:
     """``workload.options``, passed to the user's ``make_workload`` as ``ctx.options``."""
     workload_source: str | None = None
     """A file entrypoint's text, read once on the driver: workers on any node run it."""
+    resident: str | None = None
+    """A key (paired windows, ``orchestrator.search.race``): the model, optimizer and data this
+    plan builds stay alive in its worker group after it ends, and a later plan with the same key
+    measures on them, without a rebuild, its ``warmup_steps`` then the steps after a switch.
+    Several residents alternate window by window in the same processes. None: freed at its end."""
     first_step: int = 0
     first_sample: int = 0
     """The data position: step ``first_step`` starts at global sample ``first_sample``. A

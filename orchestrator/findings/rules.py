@@ -34,7 +34,7 @@ from orchestrator.runfiles import (
     RunRecord,
     num,
 )
-from orchestrator.verdict import MIN_GAIN, judge, runs_from_rows
+from orchestrator.verdict import DELTA, verdict_from_rows
 from train_fns.metrics import NONFINITE_RATE_MAX
 
 SEVERITIES = ("high", "medium", "info")
@@ -45,6 +45,8 @@ GPU_UTIL_MIN = 0.80
 MEMORY_FRACTION_MAX = 0.90
 SCALING_MIN = 0.70
 BANDWIDTH_FAR_BELOW = 0.5
+NOISY_SPREAD = 0.05
+"""A baseline spread above this (runs or windows) is as large as the gains a search finds."""
 """Measured bandwidth under half of its bound is a link or settings problem, not noise."""
 
 
@@ -343,18 +345,20 @@ def _noisy_claims(record: RunRecord) -> list[str]:
 
 
 def rule_measurement_noise(record: RunRecord) -> Finding | None:
-    """Noise decides verdicts: the baseline's run-to-run spread, disturbed runs, gains claimed
-    inside a trial's own window spread."""
-    runs, windows = runs_from_rows(record.remeasure) if record.remeasure else ([], 1)
-    verdict = judge(runs, windows) if runs else None
+    """Noise decides verdicts: the baseline's spread, disturbed runs, a verdict too noisy to
+    decide, gains claimed inside a trial's own window spread."""
+    verdict = verdict_from_rows(record.remeasure) if record.remeasure else None
     claims = _noisy_claims(record)
     spread = verdict.baseline_spread if verdict else 0.0
+    delta = verdict.delta if verdict else DELTA
     troubled = verdict is not None and (verdict.disturbed or verdict.too_noisy)
-    if not claims and not troubled and spread <= MIN_GAIN:
+    if not claims and not troubled and spread <= NOISY_SPREAD:
         return None
-    evidence = [f"{REMEASURE_CSV}: baseline run-to-run spread {_pct(spread)}"] if verdict else []
-    evidence += [f"disturbed: {w}" for w in verdict.disturbed] if verdict else []
-    evidence += [verdict.line().split("; what helps")[0]] if verdict and verdict.too_noisy else []
+    evidence = []
+    if verdict:
+        evidence.append(f"{REMEASURE_CSV}: {verdict.pairing}, baseline spread {_pct(spread)}")
+        evidence += [f"disturbed: {w}" for w in verdict.disturbed]
+        evidence += [verdict.line().split("; what helps")[0]] if verdict.too_noisy else []
     evidence += [f"{TRIALS_CSV}: {', '.join(claims[:5])}"] if claims else []
     best = record.best()
     best_noisy = best is not None and any(c.startswith(f"trial {best['number']} ") for c in claims)
@@ -362,11 +366,11 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
         "medium" if best_noisy or (verdict and verdict.too_noisy) else "info",
         "measurement noise is as large as the gains being judged",
         "; ".join(evidence),
-        "quiet the machine during the search (no other jobs on its cores or GPUs), measure "
-        "longer: more windows per trial (search.windows) and steps (search.measure_steps), "
-        "repeat disturbed re-measurements (search.remeasure_repeats), and trust only gains "
-        "whose interval stays above 1",
-        max(spread / MIN_GAIN, float(len(claims)), 1.0),
+        "quiet the machine during the search (no other jobs on its cores or GPUs); give the "
+        f"verdict more pairs (search.verdict_pairs) or accept only larger gains "
+        f"(search.verdict_delta, now {delta:.0%}); measure trials longer (search.windows, "
+        "search.measure_steps)",
+        max(spread / NOISY_SPREAD, float(len(claims)), 1.0),
     )
 
 

@@ -6,7 +6,6 @@ import base64
 import html
 import io
 import logging
-import statistics
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -66,10 +65,6 @@ def html_table(header: list[str], rows: list[list[object]]) -> str:
 
 def fmt(value: float | None, spec: str = ".4g") -> str:
     return "" if value is None else format(value, spec)
-
-
-def sd(values: list[float]) -> float:
-    return statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
 def bar_chart(bars: list[tuple[str, float, float]]) -> str:

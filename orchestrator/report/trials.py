@@ -17,7 +17,6 @@ from orchestrator.report.html import (
     html_table,
     missing,
     png,
-    sd,
 )
 from orchestrator.runfiles import (
     BEST_YAML,
@@ -28,7 +27,7 @@ from orchestrator.runfiles import (
     RunRecord,
     num,
 )
-from orchestrator.verdict import judge, runs_from_rows
+from orchestrator.verdict import verdict_from_rows
 
 
 def section_throughput(record: RunRecord) -> str:
@@ -79,8 +78,8 @@ def _kind(state: str | None) -> str:
 
 
 def section_best_vs_baseline(record: RunRecord) -> str:
-    """The claim the search makes, with its noise: from the interleaved re-measurement when
-    there is one (B c1 B c2 B), else from the search's own windows."""
+    """The claim the search makes, with its noise: from the verdict's measurement beside the
+    baseline when there is one (remeasure.csv), else from the search's own windows."""
     if record.remeasure:
         return _from_remeasure(record)
     if not record.trials:
@@ -109,26 +108,27 @@ def section_best_vs_baseline(record: RunRecord) -> str:
 
 
 def _from_remeasure(record: RunRecord) -> str:
-    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv: the chosen
-    configuration's ratio with its interval, the paired comparisons behind it, the repeats."""
-    runs, windows = runs_from_rows(record.remeasure)
-    verdict = judge(runs, windows)
-    baselines = [r.samples_per_s for r in runs if r.is_baseline and r.samples_per_s]
-    if not baselines:
-        return missing(f"{REMEASURE_CSV} holds no completed baseline run: no comparison.")
+    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv: how it paired,
+    each finalist's ratio with its interval against 1 + δ, the disturbed runs left out."""
+    verdict = verdict_from_rows(record.remeasure)
     comps = verdict.comparisons
-    shown = [("baseline", statistics.fmean(baselines), sd(baselines))]
-    cvs = {r.number: r.cv for r in runs if not r.is_baseline}
-    shown += [(f"trial {c.number}", c.samples_per_s, c.samples_per_s * cvs[c.number])
-              for c in comps]  # fmt: skip
-    listed = "".join(f"<li>{esc(c.line())}</li>" for c in comps) or "<li>no finalist completed</li>"
-    repeats = sum(len(r.repeats) for r in runs)
+    if not comps:
+        return missing(
+            f"{REMEASURE_CSV} holds no finalist measured beside a completed baseline: "
+            f"{verdict.line()}"
+        )
+    listed = "".join(f"<li>{esc(c.line())}</li>" for c in comps)
     again = "".join(f"<li>disturbed: {esc(w)}</li>" for w in verdict.disturbed)
+    base = statistics.fmean(c.baseline_samples_per_s for c in comps)
+    shown = [("baseline", base, 0.0)] + [
+        (f"trial {c.number}", base * c.ratio, base * (c.high - c.low) / 2) for c in comps
+    ]
     return (
         f"<p><b>Verdict</b>: {esc(verdict.line())}</p>"
-        f"<p>Re-measured side by side ({len(baselines)} baseline runs, {windows} window(s) each, "
-        f"{repeats} repeat(s) of disturbed runs):</p><ul>{listed}{again}</ul>"
-        + bar_chart(shown)
+        f"<p>Measured beside the baseline ({esc(verdict.pairing)}); noise threshold δ "
+        f"{verdict.delta:.0%}: a finalist is kept when its whole interval lies above "
+        f"{1 + verdict.delta:.2f}. Each finalist's ratio and interval:</p>"
+        f"<ul>{listed}{again}</ul>" + bar_chart(shown)
     )
 
 

@@ -67,7 +67,12 @@ def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -
     print("scaling: measuring the baseline on 1 worker", flush=True)
     plan, env = derive_plan(ctx, base.params)  # the baseline's micro-batch, kept on 1 worker
     try:
-        alone = with_world_size(plan, 1)
+        # one window: an efficiency figure needs less certainty than a verdict, and a step on
+        # one worker takes N times as long
+        window = max(1, plan.measure_steps // plan.num_windows)
+        alone = dataclasses.replace(
+            with_world_size(plan, 1), measure_steps=window, num_windows=1
+        )
     except InfeasiblePlan as e:  # a fixed tuned value one worker cannot take (reshard to 2)
         print(f"scaling: no single-worker baseline: {e}", flush=True)
         return extra

@@ -1,18 +1,24 @@
-"""The finalists, re-measured interleaved with the baseline (B c1 B c2 B ...).
+"""The finalists, measured again beside the baseline, and the verdict.
 
-A search compares trials measured minutes apart on a machine whose speed drifts; the top
-configurations are measured again right beside baseline runs, a disturbed run once more (a
-bounded number of times), written to remeasure.csv and judged by ``orchestrator.verdict``.
+A search compares trials measured minutes apart on a machine whose speed drifts. Every
+configuration whose search figure is within the search's measured noise of the best is a
+finalist (``finalists``, at most ``search.remeasure_top``). Those the baseline's worker group
+can switch to (same environment variables) and hold at once (``fit_together``) race it in
+paired windows (``search.race``); the others run as whole groups interleaved with baseline runs
+(B c1 B c2 B ...), a disturbed run once more (a bounded number of times). Both write
+remeasure.csv, and ``orchestrator.verdict`` judges it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.runfiles import REMEASURE_CSV, write_csv
+from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.verdict import Measure, Run, Verdict, disturbances, judge
+from orchestrator.verdict import GROUP, Measure, Run, Verdict, disturbances, verdict_from_rows
 from train_fns import metrics as m
 
 
@@ -24,28 +30,114 @@ def interleave(baseline: TrialRecord, finalists: list[TrialRecord]) -> list[Tria
     return order
 
 
-def finalists(recs: list[TrialRecord], baseline: TrialRecord, top: int) -> list[TrialRecord]:
-    """The ``top`` fastest completed configs other than the baseline, one per config."""
+NOISE_MARGIN = 2.0
+"""A finalist's search figure is within this many times the search's typical window cv of
+the best (never less than 2 δ: one measurement each, minutes apart, cannot order them closer)."""
+RESIDENT_BYTES_PER_PARAM = 16
+"""What a built configuration holds between its windows, per parameter: fp32 weights and
+gradients and AdamW's two moments (sharded over the ranks under FSDP)."""
+MEMORY_SHARE = 0.9
+"""Of a device's capacity, what the residents and one step's working memory may use."""
+
+
+def finalists(
+    recs: list[TrialRecord], baseline: TrialRecord, top: int, margin: float | None = None
+) -> list[TrialRecord]:
+    """The fastest completed configs other than the baseline, one per config, at most ``top``;
+    with ``margin``, only those within it (relative) of the fastest."""
     seen, out = [baseline.params], []
-    for rec in sorted((r for r in recs if r.value is not None), key=lambda r: -r.value):
-        if rec.params not in seen and len(out) < top:
+    ranked = sorted((r for r in recs if r.value is not None), key=lambda r: -r.value)
+    best = next((r.value for r in ranked if r.params != baseline.params), None)
+    for rec in ranked:
+        near = margin is None or rec.value >= best * (1 - margin)
+        if rec.params not in seen and len(out) < top and near:
             seen.append(rec.params)
             out.append(rec)
     return out
 
 
+def noise_margin(recs: list[TrialRecord], delta: float) -> float:
+    """How close to the best a search figure must be to race: ``NOISE_MARGIN`` times the
+    completed trials' median window cv, at least 2 δ."""
+    cvs = sorted(r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value is not None)
+    typical = cvs[len(cvs) // 2] if cvs else 0.0
+    return max(NOISE_MARGIN * typical, 2 * delta)
+
+
+def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
+    """Whether these configurations can all stay built in one worker group: what each holds
+    between windows (``RESIDENT_BYTES_PER_PARAM``) plus the largest step's working memory (its
+    peak beyond that) within ``MEMORY_SHARE`` of the device. Unknown figures: assumed to fit
+    when no capacity is known, not to fit when a peak is missing."""
+    capacity = min((r.attrs.get(m.MEMORY_CAPACITY_BYTES) or 0 for r in recs), default=0)
+    if not capacity:
+        return True
+    held, working = 0.0, 0.0
+    for rec in recs:
+        peak = rec.attrs.get(m.PEAK_MEM_BYTES)
+        if not peak:
+            return False
+        shards = world_size if rec.params.get("strategy") == "fsdp" else 1
+        resident = min(peak, (rec.attrs.get(m.NUM_PARAMS) or 0) * RESIDENT_BYTES_PER_PARAM / shards)
+        held += resident
+        working = max(working, peak - resident)
+    return held + working <= MEMORY_SHARE * capacity
+
+
 def remeasure(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
 ) -> Verdict:
-    """Run the interleaved sequence for real (runs with the same environment variables share a
-    worker group, as in the search), then measure each disturbed run again, up to
-    ``search.remeasure_repeats`` times, in the sequence's order; returns the verdict."""
+    """Measure the finalists again beside the baseline, in paired windows where they can be,
+    in interleaved worker groups where not; remeasure.csv, and the verdict read from it."""
+    _, env = derive_plan(ctx, baseline.params)
+    switchable = [rec for rec in chosen if derive_plan(ctx, rec.params)[1] == env]
+    window = list(switchable)
+    while window and not fit_together([baseline, *window], ctx.config.cluster.num_workers):
+        window.pop()  # the slowest first
+    rows: list[dict[str, Any]] = []
+    if window:
+        race = Race(ctx, baseline, window)
+        race.run()
+        rows += race.rows
+        if race.ended:
+            print(f"race: ended early: {race.ended}", flush=True)
+    grouped = [rec for rec in chosen if rec not in window]
+    if grouped:
+        memory, nccl = "it would not fit in memory beside the others", "its NCCL variables"
+        shown = ", ".join(
+            f"trial {r.number} ({memory if r in switchable else nccl + ' need fresh processes'})"
+            for r in grouped
+        )
+        print(f"re-measuring in paired runs interleaved with the baseline: {shown}", flush=True)
+        rows += _group_rows(ctx, baseline, grouped, start=len(rows))
+    write_rows(out / REMEASURE_CSV, rows)
+    text = [{h: "" if row.get(h) is None else str(row.get(h, "")) for h in HEADER} for row in rows]
+    return verdict_from_rows(text, ctx.config.search.verdict_delta)
+
+
+HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
+          "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "delta"]  # fmt: skip
+"""remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """remeasure.csv, written whole (``runfiles.write_csv``): a reader such as the report never
+    sees half the verdict's evidence."""
+    write_csv(path, HEADER, [["" if row.get(h) is None else row.get(h, "") for h in HEADER]
+                             for row in rows])  # fmt: skip
+
+
+def _group_rows(
+    ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], start: int
+) -> list[dict[str, Any]]:
+    """Group pairing: the interleaved sequence run for real (runs with the same environment
+    variables share a worker group), then each disturbed run measured again, up to
+    ``search.remeasure_repeats`` times, in the sequence's order."""
     order = interleave(baseline, chosen)
     plans = [derive_plan(ctx, rec.params) for rec in order]
     results: list[list[dict]] = [[res] for res in measure_plans(
         ctx, plans, "remeasure", lambda i, res: _show(order, baseline, i, res, 0)
     )]  # fmt: skip
-    windows = ctx.config.search.windows
     for repeat in range(1, ctx.config.search.remeasure_repeats + 1):
         why = disturbances(_runs(order, results, baseline))
         again = [i for i, ws in enumerate(why) if ws[-1]]
@@ -60,9 +152,20 @@ def remeasure(
         )  # fmt: skip
         for i, res in zip(again, redo, strict=True):
             results[i].append(res)
-    runs = _runs(order, results, baseline)
-    _write_csv(order, results, baseline, disturbances(runs), windows, out / REMEASURE_CSV)
-    return judge(runs, windows)
+    why = disturbances(_runs(order, results, baseline))
+    windows, delta = ctx.config.search.windows, ctx.config.search.verdict_delta
+    return [
+        {
+            "position": start + i, "repeat": k, "trial": rec.number,
+            "role": "baseline" if rec is baseline else "finalist",
+            "state": res.get(m.STATE), "samples_per_s": res.get(m.SAMPLES_PER_S) or "",
+            "throughput_cv": res.get(m.THROUGHPUT_CV) or "", "windows": windows,
+            "disturbed": why[i][k], m.PLACEMENT: res.get(m.PLACEMENT, ""), "pairing": GROUP,
+            "delta": delta,
+        }
+        for i, rec in enumerate(order)
+        for k, res in enumerate(results[i])
+    ]  # fmt: skip
 
 
 def _who(order: list[TrialRecord], baseline: TrialRecord, i: int) -> str:
@@ -97,28 +200,3 @@ def _runs(order: list[TrialRecord], results: list[list[dict]], baseline: TrialRe
         repeats = tuple(_measure(res, placement) for res in found[1:])
         runs.append(Run(rec.number, rec is baseline, first.samples_per_s, first.cv, repeats))
     return runs
-
-
-def _write_csv(
-    order: list[TrialRecord],
-    results: list[list[dict]],
-    baseline: TrialRecord,
-    why: list[list[str]],
-    windows: int,
-    path: Path,
-) -> None:
-    """One row per measurement: a repeat shares its run's position; ``disturbed`` says why a
-    measurement was left out of the verdict. Written whole (``runfiles.write_csv``): a reader
-    such as the report never sees half the verdict's evidence."""
-    header = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
-              "windows", "disturbed", m.PLACEMENT]  # fmt: skip
-    rows = [
-        [
-            i, k, rec.number, "baseline" if rec is baseline else "finalist",
-            res.get(m.STATE), res.get(m.SAMPLES_PER_S) or "",
-            res.get(m.THROUGHPUT_CV) or "", windows, why[i][k], res.get(m.PLACEMENT, ""),
-        ]
-        for i, rec in enumerate(order)
-        for k, res in enumerate(results[i])
-    ]  # fmt: skip
-    write_csv(path, header, rows)

@@ -18,7 +18,7 @@ from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_
 from orchestrator.search import evidence, study
 from orchestrator.search.context import context_for, space_of, spaces_error
 from orchestrator.search.estimate import model_size
-from orchestrator.search.finalists import finalists, remeasure
+from orchestrator.search.finalists import finalists, noise_margin, remeasure
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds, seed_count
 from orchestrator.search.results import (
@@ -230,21 +230,22 @@ def _evaluation(cfg: SearchConfig) -> str:
 def _remeasure(
     ctx: TrialContext, recs: list, out: Path, deadline: float | None
 ) -> Verdict | None:
-    """Re-measure the finalists beside the baseline (skipped when there is nothing to compare
-    or the time budget is spent)."""
+    """Measure the finalists again beside the baseline (skipped when there is nothing to
+    compare or the time budget is spent)."""
     base = baseline_record(recs, ctx.space.baseline())
-    top = ctx.config.search.remeasure_top
-    chosen = finalists(recs, base, top) if base and top else []
+    search = ctx.config.search
+    margin = noise_margin(recs, search.verdict_delta)
+    chosen = finalists(recs, base, search.remeasure_top, margin) if base else []
     if not chosen:
-        if base and top:
+        if base and search.remeasure_top:
             print("no finalist to re-measure: every other trial failed or was pruned", flush=True)
         return None
     if deadline is not None and time.time() > deadline:
         print("time budget spent: the finalists are not re-measured", flush=True)
         return None
     print(
-        f"re-measuring the top {len(chosen)} beside the baseline "
-        f"({2 * len(chosen) + 1} runs, interleaved)",
+        f"finalists: {', '.join(f'trial {r.number}' for r in chosen)} (within {margin:.1%} "
+        f"of the best, at most {search.remeasure_top}), measured again beside the baseline",
         flush=True,
     )
     return remeasure(ctx, base, chosen, out)

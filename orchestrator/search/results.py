@@ -210,7 +210,7 @@ def write_outputs(
     """Write trials.csv, best.yaml and best.env; return the closing summary lines.
 
     The best config is the re-measured finalist the verdict chooses (the highest lower end of
-    its interval, above 1), the baseline itself when it chooses none, and the search's fastest
+    its interval, above 1 + δ), the baseline itself when it chooses none, and the search's fastest
     trial when nothing was re-measured.
     """
     write_trials_csv(recs, out / TRIALS_CSV)
@@ -225,8 +225,8 @@ def write_outputs(
                      " do not compare (cluster.placement holds them to one)")  # fmt: skip
     header = ""
     if verdict is not None and verdict.comparisons:
-        lines.append("re-measured, interleaved with the baseline: " + verdict.line())
-        header = f"# re-measured beside the baseline: {verdict.line()}\n"
+        lines.append("verdict: " + verdict.line())
+        header = f"# verdict, measured beside the baseline: {verdict.line()}\n"
         if verdict.chosen is not None:
             best = next(r for r in recs if r.number == verdict.chosen.number)
         elif base is not None:

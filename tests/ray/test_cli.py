@@ -42,10 +42,10 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "trial   0" in proc.stdout and "best: trial" in proc.stdout, proc.stdout
     assert "nccl dropped" in proc.stdout, "gloo runs must say NCCL knobs are inert"
-    verdicts = ("keep trial", "too noisy to decide", "no significant gain")
-    assert any(f"re-measured, interleaved with the baseline: {v}" in proc.stdout
-               for v in verdicts), proc.stdout  # fmt: skip
-    assert "x baseline (interval" in proc.stdout and "paired comparison" in proc.stdout
+    verdicts = ("keep trial", "too noisy to decide", "no gain worth having")
+    assert any(f"\nverdict: {v}" in proc.stdout for v in verdicts), proc.stdout
+    assert "x baseline (interval" in proc.stdout and " window pair" in proc.stdout
+    assert "paired windows in the same processes" in proc.stdout and "δ 2%" in proc.stdout
     for name in ("best.yaml", "best.env", "trials.csv", "study.db", "remeasure.csv"):
         assert (out / name).is_file(), name
     assert "scaling: baseline" in proc.stdout and "efficiency" in proc.stdout, proc.stdout

@@ -43,6 +43,7 @@ NOT_KNOBS = {
     "step_deadline_s": "search.step_deadline_s",
     "env_names": "the env variables the workers echo back (env knobs travel in the runtime env)",
     "marker_dir": "where a hung worker leaves its marker",
+    "resident": "the verdict's paired windows: which built configuration to measure on",
     "fault": "--inject-faults, a testing aid",
     "max_grad_norm": "train.max_grad_norm (training runs only)",
     "prune_below": "set per configuration by the pruner from the best so far",

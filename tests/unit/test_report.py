@@ -182,9 +182,9 @@ def test_remeasure_gives_the_interleaved_verdict(tmp_path: Path) -> None:
     )
     assert report.main([str(folder), "--train", str(folder / "train")]) == 0
     text = (folder / "report.html").read_text()
-    assert "2 baseline runs" in text and "significant gain" in text
+    assert "paired runs in separate worker groups" in text and "noise threshold δ 2%" in text
     assert "keep trial 1: 1.20x baseline (interval 1." in text
-    assert "from 2 paired comparisons" in text and "0 repeat(s) of disturbed runs" in text
+    assert "from 2 paired runs" in text and "a gain above 1 + δ = 1.02" in text
 
 
 def test_remeasure_with_a_repeated_disturbed_run(tmp_path: Path) -> None:
@@ -197,8 +197,23 @@ def test_remeasure_with_a_repeated_disturbed_run(tmp_path: Path) -> None:
     )
     assert report.main([str(folder), "--train", str(folder / "train")]) == 0
     text = (folder / "report.html").read_text()
-    assert "keep trial 5" in text and "1 repeat(s) of disturbed runs" in text
-    assert "some repeated after a disturbed run" in text and "3 window(s) each" in text
+    assert "keep trial 5" in text and "disturbed: baseline at position 4" in text
+    assert "some repeated after a disturbed run" in text
+
+
+def test_remeasure_in_paired_windows_says_pairs_delta_and_interval(tmp_path: Path) -> None:
+    folder = write_search(tmp_path / "win")
+    head = "position,repeat,trial,role,state,samples_per_s,pairing,pair,against,delta\n"
+    rows = ["0,0,0,baseline,complete,100,window,,,0.03",
+            "1,0,4,finalist,complete,109,window,,4,0.03"]  # fmt: skip
+    for k, (base, mine) in enumerate([(100, 110), (101, 111), (99, 109.5)]):
+        rows += [f"{2 + 2 * k},0,0,baseline,complete,{base},window,{k},4,0.03",
+                 f"{3 + 2 * k},0,4,finalist,complete,{mine},window,{k},4,0.03"]  # fmt: skip
+    (folder / "remeasure.csv").write_text(head + "\n".join(rows) + "\n")
+    assert report.main([str(folder)]) == 0
+    text = (folder / "report.html").read_text()
+    assert "paired windows in the same processes" in text and "noise threshold δ 3%" in text
+    assert "keep trial 4: 1.10x baseline (interval 1.0" in text and "from 3 window pairs" in text
 
 
 def test_findings_are_the_doctors_words(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -160,9 +159,9 @@ def test_the_remeasure_table_is_written_whole(tmp_path: Path) -> None:
 
     keep = tmp_path / "held.csv"
     held_copy(tmp_path / REMEASURE_CSV, "old\n", keep)
-    base, best = SimpleNamespace(number=0), SimpleNamespace(number=3)
-    results = [[{"state": "complete", "samples_per_s": 10.0}], [{"state": "oom"}]]
-    finalists._write_csv([base, best], results, base, [[""], [""]], 2, tmp_path / REMEASURE_CSV)
+    rows = [{"trial": 0, "role": "baseline", "state": "complete", "samples_per_s": 10.0},
+            {"trial": 3, "role": "finalist", "state": "oom", "samples_per_s": None}]  # fmt: skip
+    finalists.write_rows(tmp_path / REMEASURE_CSV, rows)
     assert keep.read_text() == "old\n"
     rows = read_csv(tmp_path / REMEASURE_CSV)
     assert [(r["trial"], r["role"], r["samples_per_s"]) for r in rows] == [

@@ -11,7 +11,14 @@ import pytest
 
 from orchestrator.search import finalists as fin
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import Measure, Run, disturbances, judge, runs_from_rows
+from orchestrator.verdict import (
+    Measure,
+    Run,
+    disturbances,
+    judge,
+    runs_from_rows,
+    verdict_from_rows,
+)
 from train_fns import metrics as m
 
 # README's default run with a neighbour busy for a minute (issue 18), as remeasure.csv held it:
@@ -31,7 +38,7 @@ def test_issue_sequence_chooses_trial_5_or_says_too_noisy(windows: int) -> None:
     assert verdict.chosen is not None or verdict.too_noisy
     line = verdict.line()
     assert "1.34x" not in line and "trial 2" not in line
-    assert "no significant gain" not in line
+    assert "no gain worth having" not in line
     assert [c.number for c in verdict.comparisons][0] == 5
     (why,) = verdict.disturbed
     assert why.startswith("baseline at position 6: window cv 30.7%")
@@ -41,8 +48,9 @@ def test_issue_sequence_chooses_trial_5_or_says_too_noisy(windows: int) -> None:
 
 def test_issue_sequence_with_three_windows_keeps_trial_5() -> None:
     verdict = judge(ISSUE_18, 3)
-    assert verdict.chosen.number == 5 and verdict.chosen.low > 1
+    assert verdict.chosen.number == 5 and verdict.chosen.low > 1 + verdict.delta
     assert verdict.line().startswith("keep trial 5: 1.20x baseline (interval 1.")
+    assert "paired runs in separate worker groups" in verdict.line()
 
 
 def test_too_noisy_says_so_with_the_numbers_and_what_helps() -> None:
@@ -52,14 +60,23 @@ def test_too_noisy_says_so_with_the_numbers_and_what_helps() -> None:
     line = verdict.line()
     assert line.startswith("too noisy to decide: trial 3 is 1.17x baseline (interval 0.")
     assert "baseline run-to-run spread" in line
-    for knob in ("search.windows", "search.remeasure_repeats", "search.remeasure_top"):
+    for knob in ("search.verdict_pairs", "search.verdict_delta", "search.remeasure_top"):
         assert knob in line
 
 
-def test_no_gain_on_a_quiet_machine_is_no_significant_gain() -> None:
+def test_no_gain_on_a_quiet_machine_is_no_gain_worth_having() -> None:
     runs = [Run(0, True, 100.0, 0.005), Run(3, False, 100.4, 0.005), Run(0, True, 100.2, 0.005)]
     verdict = judge(runs)
-    assert not verdict.too_noisy and verdict.line().startswith("no significant gain")
+    assert not verdict.too_noisy and verdict.line().startswith("no gain worth having")
+    assert "below 1 + δ = 1.02" in verdict.line()
+
+
+def test_a_gain_inside_delta_is_not_kept_however_sure() -> None:
+    """1.01x with a tight interval (1.005-1.015) is a gain, but not one worth a change at
+    δ 2%; at δ 0.5% it is kept."""
+    runs = [Run(0, True, 100.0, 0.001), Run(3, False, 101.0, 0.001), Run(0, True, 100.0, 0.001)]
+    assert judge(runs).chosen is None and not judge(runs).too_noisy
+    assert judge(runs, delta=0.005).chosen.number == 3
 
 
 def test_winner_is_the_highest_lower_end_not_the_largest_ratio() -> None:
@@ -89,9 +106,9 @@ def test_a_clean_repeat_replaces_the_disturbed_measurement() -> None:
     assert "some repeated after a disturbed run" in t2.evidence()
 
 
-def test_remeasure_repeats_disturbed_runs_a_bounded_number_of_times(tmp_path: Path) -> None:
-    """The sequence measures the issue's figures; the last baseline stays disturbed on its
-    first repeat and is clean on the second; the CSV keeps every measurement."""
+def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """Group pairing measures the issue's figures; the last baseline stays disturbed on its
+    first repeat and is clean on the second; the rows keep every measurement."""
     figures = [(r.samples_per_s, r.cv) for r in ISSUE_18]
     script = [figures, [(13.5, 0.29)], [(22.4, 0.10)], [(99.0, 0.9)]]
     calls: list[list] = []
@@ -104,23 +121,26 @@ def test_remeasure_repeats_disturbed_runs_a_bounded_number_of_times(tmp_path: Pa
             show(i, res)
         return out
 
-    search = SimpleNamespace(windows=3, remeasure_repeats=2)
+    search = SimpleNamespace(windows=3, remeasure_repeats=2, verdict_delta=0.02)
     ctx = SimpleNamespace(config=SimpleNamespace(search=search))
     rec = {n: TrialRecord(n, m.COMPLETE, "", {"t": n}, {}) for n in (0, 5, 1, 2)}
     mp = pytest.MonkeyPatch()
     mp.setattr(fin, "derive_plan", lambda ctx, params: params)
     mp.setattr(fin, "measure_plans", measure)
     try:
-        verdict = fin.remeasure(ctx, rec[0], [rec[5], rec[1], rec[2]], tmp_path)
+        made = fin._group_rows(ctx, rec[0], [rec[5], rec[1], rec[2]], start=0)
     finally:
         mp.undo()
     assert len(calls) == 3 and calls[1] == [{"t": 0}] and calls[2] == [{"t": 0}]
+    fin.write_rows(tmp_path / "remeasure.csv", made)
     rows = list(csv.DictReader((tmp_path / "remeasure.csv").open()))
     assert [(r["position"], r["repeat"]) for r in rows][-3:] == [("6", "0"), ("6", "1"), ("6", "2")]
     assert [bool(r["disturbed"]) for r in rows[-3:]] == [True, True, False]
+    assert {r["pairing"] for r in rows} == {"group"}
     runs, windows = runs_from_rows(rows)
     assert windows == 3 and runs[-1].repeats == (Measure(13.5, 0.29), Measure(22.4, 0.10))
-    assert judge(runs, windows) == verdict
+    verdict = verdict_from_rows(rows)
+    assert verdict == judge(runs, windows)
     assert verdict.chosen.number == 5
 
 
@@ -141,8 +161,8 @@ def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -
     lines = write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 3))
     head = (tmp_path / "best.yaml").read_text().splitlines()[:2]
     assert head[0] == "# commtune best configuration: trial 5, 25.00 samples/s"
-    assert head[1].startswith("# re-measured beside the baseline: keep trial 5: 1.20x baseline")
-    assert "from 2 paired comparisons" in head[1]
+    assert head[1].startswith("# verdict, measured beside the baseline: keep trial 5: 1.20x")
+    assert "from 2 paired runs" in head[1] and "δ 2%" in head[1]
     assert "keep trial 5" in lines[-1]
     write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 1))
     head = (tmp_path / "best.yaml").read_text().splitlines()[:2]

@@ -1,0 +1,152 @@
+"""How often the verdict claims a gain where there is none: the A/A check.
+
+The decision procedure of the search's verdict (``orchestrator.search.race``: paired windows in
+one worker group, sequential stopping at δ) runs with a finalist that *is* the baseline, built a
+second time, decision after decision in the same worker group. Every "keep" is a false keep,
+every "slower" a false alarm; "no gain" is right and "undecided" is the budget running out.
+Every ``--busy-every``-th decision runs beside a neighbour: one process per core that is busy
+and idle in turns of random length (1 to 8 s), the disturbance that pairing must survive.
+
+    python -m benchmarks.aa_verdict                       # cpu-demo, 20 decisions, every 2nd busy
+    python -m benchmarks.aa_verdict --decisions 40 --busy-every 0
+    python -m benchmarks.aa_verdict --quick               # smoke, 3 decisions (what the tests run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from orchestrator.config import load_config
+from orchestrator.plans import resolve_task
+from orchestrator.runfiles import storage_dir
+from orchestrator.search import race as race_mod
+from orchestrator.search.context import space_of
+from orchestrator.search.pipeline import search_context
+from orchestrator.search.race import Race
+from orchestrator.search.results import TrialRecord
+from orchestrator.search.trial import TrialContext
+from orchestrator.session import resolve_gpu, start_ray
+from orchestrator.verdict import KEEP, decide
+from train_fns import metrics as m
+from train_fns.plan import TrialPlan
+
+
+def _neighbour(stop_at: float, seed: int) -> None:
+    """Busy, then idle, in turns of 1 to 8 s, until ``stop_at``."""
+    rng = random.Random(seed)
+    while time.monotonic() < stop_at:
+        until = min(stop_at, time.monotonic() + rng.uniform(1.0, 8.0))
+        if rng.random() < 0.5:
+            while time.monotonic() < until:
+                pass
+        else:
+            time.sleep(max(0.0, until - time.monotonic()))
+
+
+class Neighbours:
+    """One ``_neighbour`` per core while the block runs."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.procs = seed, []
+
+    def __enter__(self) -> None:
+        stop_at = time.monotonic() + 3600
+        self.procs = [
+            multiprocessing.Process(target=_neighbour, args=(stop_at, self.seed + i), daemon=True)
+            for i in range(os.cpu_count() or 1)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+            p.join()
+
+
+class Repeated(Race):
+    """The race with the baseline's twin as its one finalist, decided ``decisions`` times."""
+
+    def __init__(self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int):
+        twin = TrialRecord(1, m.COMPLETE, "", dict(base.params), {})
+        super().__init__(ctx, base, [twin], say=lambda line: None)
+        self.decisions, self.busy_every = decisions, busy_every
+        self.results: list[tuple[bool, str, int, float, float, float]] = []
+
+    def _schedule(self) -> Iterator[TrialPlan]:
+        yield from self.warm_ups()
+        (twin,) = self.entrants
+        for k in range(self.decisions):
+            twin.windows.clear()
+            twin.baseline.clear()
+            twin.out, self.next_pair = None, 0
+            busy = bool(self.busy_every) and k % self.busy_every == self.busy_every - 1
+            started = time.monotonic()
+            if busy:
+                with Neighbours(seed=k):
+                    yield from self.rounds()
+            else:
+                yield from self.rounds()
+            paired = twin.paired
+            decision = decide(paired.low, paired.high, self.delta)
+            if paired.pairs < self.max_pairs and decision == "undecided":
+                decision = "ended early"
+            self.results.append((busy, decision, paired.pairs, paired.ratio, paired.low,
+                                 paired.high))  # fmt: skip
+            took = time.monotonic() - started
+            print(f"decision {k + 1:2d}{' (busy)' if busy else '       '}: {decision:9s} after "
+                  f"{paired.pairs:2d} pairs: {paired.ratio:.3f}x (interval {paired.low:.3f}-"
+                  f"{paired.high:.3f}) [{took:.0f} s]; pairs "
+                  + " ".join(f"{r:.3f}" for r in paired.ratios), flush=True)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu-demo")
+    ap.add_argument("--decisions", type=int, default=20)
+    ap.add_argument("--busy-every", type=int, default=2, help="0: never busy")
+    ap.add_argument("--switch-steps", type=int, default=race_mod.SWITCH_STEPS,
+                    help="unmeasured steps before each window (what the race runs: %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="smoke, 3 decisions, never busy")
+    args = ap.parse_args(argv)
+    race_mod.SWITCH_STEPS = args.switch_steps
+    if args.quick:
+        args.preset, args.decisions, args.busy_every = "smoke", 3, 0
+    config = load_config(None, args.preset, [])
+    start_ray(config, verbose=False)
+    use_gpu = resolve_gpu(config)
+    space = space_of(config, search_context(config, use_gpu))
+    base = TrialRecord(0, m.COMPLETE, "", space.baseline(), {})
+    with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
+        ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
+        race = Repeated(ctx, base, args.decisions, args.busy_every)
+        print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
+              f"(δ {race.delta:.0%}, {race.steps} steps a window, at most {race.max_pairs} "
+              f"pairs a decision)", flush=True)  # fmt: skip
+        race.run()
+    counts = Counter(r[1] for r in race.results)
+    for busy in (False, True):
+        part = [r for r in race.results if r[0] == busy]
+        if part:
+            tally = Counter(r[1] for r in part)
+            print(f"{'busy' if busy else 'quiet'}: {len(part)} decisions: "
+                  + ", ".join(f"{n} {d}" for d, n in sorted(tally.items())))
+    keeps = counts.get(KEEP, 0)
+    print(f"false keeps: {keeps} of {len(race.results)} decisions "
+          f"({keeps / max(1, len(race.results)):.0%}) at δ {race.delta:.0%}")
+    if race.ended:
+        raise SystemExit(f"the race ended early: {race.ended}")
+    if len(race.results) < args.decisions:
+        raise SystemExit(f"only {len(race.results)} of {args.decisions} decisions were taken")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Paired windows: a finalist's ratio to the baseline from windows measured side by side.
+
+Runs a minute apart drift more than the gains a search finds (the baseline's run-to-run
+spread was 16% on a busy 2-core machine, its windows 2-7%). So the verdict alternates the
+baseline and a finalist window by window in the same worker processes and judges the ratio of
+each adjacent pair: drift that is slow next to a window cancels. The pairs' order alternates
+(B c, then c B) so that a steady drift adds as much to one pair as it takes from the next.
+
+A pair's ratio is treated as a sample: their geometric mean is the finalist's ratio, and the
+interval is Student's t on the log ratios (exact for normal noise, whatever the noise's size:
+nothing is assumed about the machine). The sequential rule that uses it (``decide`` in
+``orchestrator.verdict``) looks after every pair; the A/A benchmark (``benchmarks/aa_verdict.py``)
+measures how often that claims a gain where there is none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+MIN_PAIRS = 3
+"""Pairs before any decision: two give a t quantile of 12.7 (an interval wider than any gain),
+three of 4.3."""
+CONFIDENCE = 0.95
+"""Two-sided confidence of the interval (its t quantiles below)."""
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086)  # fmt: skip
+"""Student's t 0.975 quantiles for 1 to 20 degrees of freedom."""
+
+
+def t_quantile(df: int) -> float:
+    """Student's t 0.975 quantile for ``df`` degrees of freedom (a table to 20, then the
+    normal quantile with its first Cornish-Fisher correction: within 0.1% from there on)."""
+    if df < 1:
+        raise ValueError(f"df={df}: a t quantile needs at least one degree of freedom")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = statistics.NormalDist().inv_cdf(0.975)
+    return z + (z**3 + z) / (4 * df)
+
+
+DISTURBED_SPREADS = 4.0
+"""A pair whose log ratio is this many robust spreads from the pairs' median is disturbed: a
+neighbour's burst hit one of its windows (30-50% off, where undisturbed pairs scatter by 2-4%)."""
+SPREAD_FLOOR = 0.02
+"""The least spread the disturbance test assumes: a few pairs that happen to agree closely must
+not make an ordinary one an outlier."""
+MAD_SCALE = 1.4826
+"""MAD x this estimates the standard deviation of normal noise."""
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """The ratios of a finalist's windows to their paired baseline windows, and what they say:
+    disturbed pairs (``disturbed``) are left out of the ratio and its interval, as a disturbed
+    run is out of a paired-run verdict; the race measures on until the rest decides."""
+
+    ratios: tuple[float, ...]
+
+    @property
+    def disturbed(self) -> tuple[int, ...]:
+        """Which pairs are far from the others (from three pairs on)."""
+        if len(self.ratios) < 3:
+            return ()
+        logs = [math.log(r) for r in self.ratios]
+        middle = statistics.median(logs)
+        mad = MAD_SCALE * statistics.median(abs(x - middle) for x in logs)
+        limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR)
+        return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit)
+
+    @property
+    def clean(self) -> tuple[float, ...]:
+        gone = set(self.disturbed)
+        return tuple(r for k, r in enumerate(self.ratios) if k not in gone)
+
+    @property
+    def pairs(self) -> int:
+        """Pairs behind the ratio (the disturbed ones left out)."""
+        return len(self.clean)
+
+    @property
+    def ratio(self) -> float:
+        """Geometric mean of the clean pairs' ratios (1.0 before any pair)."""
+        if not self.clean:
+            return 1.0
+        return math.exp(statistics.fmean(math.log(r) for r in self.clean))
+
+    @property
+    def half_width(self) -> float:
+        """The interval's half width in log space; infinite below two clean pairs."""
+        clean = self.clean
+        if len(clean) < 2:
+            return math.inf
+        logs = [math.log(r) for r in clean]
+        return t_quantile(len(clean) - 1) * statistics.stdev(logs) / math.sqrt(len(clean))
+
+    @property
+    def low(self) -> float:
+        return self.ratio * math.exp(-self.half_width)
+
+    @property
+    def high(self) -> float:
+        return self.ratio * math.exp(self.half_width)
+
+
+def pair_order(pair: int) -> tuple[str, str]:
+    """Which of the two windows of pair ``pair`` (0, 1, ...) runs first: B c, then c B."""
+    return ("baseline", "finalist") if pair % 2 == 0 else ("finalist", "baseline")
+
+
+def ratios_from_rows(rows: list[dict[str, str]]) -> dict[int, tuple[list[float], list[float]]]:
+    """remeasure.csv's window-paired rows back into, per finalist (its trial number), the
+    ratios of its complete pairs and the baseline windows of those pairs; a pair with a
+    window that did not complete is left out."""
+    windows: dict[tuple[int, int], dict[str, float]] = {}
+    for row in rows:
+        if row.get("pairing") != "window" or row.get("pair") in (None, ""):
+            continue
+        try:
+            key = (int(row["against"]), int(row["pair"]))
+            value = float(row["samples_per_s"]) if row.get("state") == "complete" else None
+        except (KeyError, TypeError, ValueError):
+            continue  # a hand-edited row: not evidence
+        if value is not None and value > 0 and math.isfinite(value):
+            windows.setdefault(key, {})[row.get("role") or ""] = value
+    out: dict[int, tuple[list[float], list[float]]] = {}
+    for (number, _pair), found in sorted(windows.items()):
+        if "baseline" in found and "finalist" in found:
+            ratios, base = out.setdefault(number, ([], []))
+            ratios.append(found["finalist"] / found["baseline"])
+            base.append(found["baseline"])
+    return out

@@ -1,0 +1,260 @@
+"""The verdict's paired windows: the baseline and the finalists kept built in one worker group,
+measured window by window side by side until each is decided (a race).
+
+Every configuration is built once (``TrialPlan.resident``) and warmed up; then, round after
+round, each finalist still in the race gets one pair: a baseline window and a window of its
+own, in alternating order (``paired.pair_order``), each after ``SWITCH_STEPS`` unmeasured steps
+(the first step after another model ran re-touches this one's weights and buffers). After each
+pair its interval is updated (``paired.PairedRatio``); a finalist leaves the race once decided
+against (its interval below 1 + δ, or wholly below the leader's), and the race ends after the
+round in which a finalist's interval lies wholly above 1 + δ, when none is left, or when each
+has had ``search.verdict_pairs`` pairs (then the verdict is "too noisy", with the figures).
+
+The group is a ``GroupRun`` whose source is this race: it asks for the next window only after
+the last one's outcome, so every decision sees every window so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order
+from orchestrator.search.group_run import GroupRun
+from orchestrator.search.results import TrialRecord
+from orchestrator.search.trial import TrialContext, derive_plan
+from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide
+from train_fns import metrics as m
+from train_fns.plan import TrialPlan
+
+SWITCH_STEPS = 1
+"""Unmeasured steps before every window (each follows another configuration's window)."""
+GROUPS = 3
+"""Worker groups a race may use: a hang or crash ends one, and the race goes on in another."""
+FAILURES = 2
+"""A configuration whose windows ended this many groups is out (the baseline: the race ends)."""
+ENDS_GROUP = (m.HANG, m.CRASH, m.ERROR)
+"""A window outcome that ended its worker group (an out-of-memory error does not)."""
+BASELINE = "baseline"
+
+
+@dataclass
+class Entrant:
+    """One configuration in the race (the baseline is one too, never judged)."""
+
+    record: TrialRecord
+    plan: TrialPlan
+    windows: dict[int, float] = field(default_factory=dict)
+    """This finalist's own window by pair."""
+    baseline: dict[int, float] = field(default_factory=dict)
+    """The baseline window paired with it, by pair."""
+    out: str | None = None
+    """Why it left the race (None: still in)."""
+    failures: int = 0
+    """Windows of it that ended their worker group (hang, crash)."""
+
+    @property
+    def paired(self) -> PairedRatio:
+        done = sorted(set(self.windows) & set(self.baseline))
+        return PairedRatio(tuple(self.windows[k] / self.baseline[k] for k in done))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One measurement the race asked for: whose window, for which finalist's pair."""
+
+    who: Entrant
+    against: Entrant | None
+    """The finalist whose pair it belongs to (None: a warm-up after the build)."""
+    pair: int | None
+
+
+class Race:
+    """Run the race in one worker group; ``rows`` is its part of remeasure.csv."""
+
+    def __init__(
+        self, ctx: TrialContext, baseline: TrialRecord, finalists: list[TrialRecord],
+        say: Callable[[str], Any] = print,
+    ) -> None:  # fmt: skip
+        search = ctx.config.search
+        self.ctx, self.say = ctx, say
+        self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
+        self.steps = max(1, search.measure_steps // search.windows)
+        self.base = self._entrant(baseline, BASELINE)
+        self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
+        self.slots: list[Slot] = []
+        self.rows: list[dict[str, Any]] = []
+        self.ended: str | None = None
+        """Why the race stopped before a decision (a failed window, its group ending)."""
+        self.broken: str | None = None
+        """Why the current worker group ended (the race may go on in a fresh one)."""
+        self.next_pair = 0
+        """The first pair not yet measured for every finalist still in."""
+        self.position = 0
+        """Rows written so far (a row's position in remeasure.csv)."""
+
+    def _entrant(self, rec: TrialRecord, key: str) -> Entrant:
+        plan, _ = derive_plan(self.ctx, rec.params)
+        return Entrant(rec, dataclasses.replace(plan, resident=key, prune_below=None))
+
+    def run(self) -> list[Entrant]:
+        """Race; returns the finalists with their pairs (each ``out`` says why it left). A
+        group that hangs or crashes is ended and the race goes on in a fresh one (at most
+        ``GROUPS`` in all), the pairs so far kept; a configuration that fails twice is out."""
+        _, env = derive_plan(self.ctx, self.base.record.params)
+        shown = ", ".join(f"trial {e.record.number}" for e in self.entrants)
+        self.say(
+            f"race: {shown} against the baseline in paired windows (same processes, "
+            f"{self.steps} steps each, B c then c B), until decided at δ {self.delta:.0%} "
+            f"(at most {self.max_pairs} pairs each)"
+        )
+        for attempt in range(GROUPS):
+            self.slots, self.broken = [], None
+            group = GroupRun(self.ctx, f"verdict_{attempt}", owned=True, out=self.say)
+            plans = self._schedule()
+            reached = group.run(((plan, env) for plan in plans), self._take, label=self._label)
+            if self.broken is None and all(o is not None for o in reached):
+                break
+            broken = self.broken or "its worker group ended before the race did"
+            if self.ended is not None or attempt + 1 == GROUPS:
+                self.ended = self.ended or broken
+                break
+            self.say(f"race: {broken}; going on in a fresh worker group, the pairs so far kept")
+        return self.entrants
+
+    def _label(self, index: int) -> str:
+        slot = self.slots[index]
+        name = self._name(slot.who)
+        return (
+            f"race: {name} warm-up" if slot.pair is None else f"race pair {slot.pair + 1}: {name}"
+        )
+
+    def _name(self, who: Entrant) -> str:
+        return BASELINE if who is self.base else f"trial {who.record.number}"
+
+    def _schedule(self) -> Iterator[TrialPlan]:
+        """Warm-ups, then rounds of one pair per finalist still in, until the race ends."""
+        yield from self.warm_ups()
+        yield from self.rounds()
+
+    def warm_ups(self) -> Iterator[TrialPlan]:
+        """Each configuration built (kept resident) and warmed up, the baseline first."""
+        for who in (self.base, *self.entrants):
+            if self.ended is None and (who is self.base or who.out is None):
+                yield self._ask(who, None, None, self.ctx.config.search.warmup_steps, 1)
+
+    def rounds(self) -> Iterator[TrialPlan]:
+        """One pair per finalist still in, round after round, until the race is over."""
+        while self.ended is None and self._alive() and not self._over(self.next_pair):
+            pair = self.next_pair
+            for entrant in self._alive():
+                for role in pair_order(pair):
+                    who = self.base if role == BASELINE else entrant
+                    if self.ended is None and entrant.out is None:
+                        yield self._ask(who, entrant, pair, SWITCH_STEPS, self.steps)
+            self.next_pair += 1
+            self._judge_round()
+
+    def _ask(
+        self, who: Entrant, against: Entrant | None, pair: int | None, warmup: int, steps: int
+    ) -> TrialPlan:
+        self.slots.append(Slot(who, against, pair))
+        return dataclasses.replace(who.plan, warmup_steps=warmup, measure_steps=steps,
+                                   num_windows=1)  # fmt: skip
+
+    def _alive(self) -> list[Entrant]:
+        return [e for e in self.entrants if e.out is None]
+
+    def _over(self, pair: int) -> bool:
+        """After a round: a finalist is kept, or every one left has had its pairs."""
+        alive = self._alive()
+        if any(self._decision(e) == KEEP for e in alive) and pair >= MIN_PAIRS:
+            return True
+        return pair >= self.max_pairs
+
+    def _decision(self, entrant: Entrant) -> str:
+        paired = entrant.paired
+        if paired.pairs < MIN_PAIRS:
+            return UNDECIDED
+        return decide(paired.low, paired.high, self.delta)
+
+    def _judge_round(self) -> None:
+        """After a round: out go the finalists decided against, and those whose interval lies
+        wholly below the leader's (the highest lower end)."""
+        alive = [e for e in self._alive() if e.paired.pairs >= MIN_PAIRS]
+        for entrant in alive:
+            decision = self._decision(entrant)
+            if decision not in (KEEP, UNDECIDED):
+                entrant.out = f"{decision} (decided after {entrant.paired.pairs} pairs)"
+        leader = max(alive, key=lambda e: e.paired.low, default=None)
+        for entrant in self._alive():
+            if leader is not None and entrant is not leader and entrant.paired.pairs >= \
+                    MIN_PAIRS and entrant.paired.high < leader.paired.low:  # fmt: skip
+                entrant.out = f"slower than trial {leader.record.number} (decided)"
+                self.say(f"race: trial {entrant.record.number} leaves the race: {entrant.out}")
+
+    def _take(self, index: int, outcome: dict[str, Any]) -> None:
+        """A window's outcome: recorded, and its pair judged when both windows are in."""
+        slot = self.slots[index]
+        done = outcome.get(m.STATE) == m.COMPLETE
+        value = outcome.get(m.SAMPLES_PER_S) if done else None
+        self.rows.append(self._row(slot, outcome, value))
+        if not done:
+            self._failed(slot.who, f"{outcome.get(m.STATE)}: {outcome.get(m.REASON)}",
+                         outcome.get(m.STATE) in ENDS_GROUP)  # fmt: skip
+            return
+        if slot.pair is None:
+            self.say(f"race: {self._name(slot.who)} built and warmed up ({value:.2f} samples/s)")
+            return
+        target = slot.against.baseline if slot.who is self.base else slot.against.windows
+        target[slot.pair] = value
+        if slot.pair in slot.against.windows and slot.pair in slot.against.baseline:
+            self._show_pair(slot.against, slot.pair)
+
+    def _failed(self, who: Entrant, why: str, group_ended: bool) -> None:
+        """A window that did not complete: an out-of-memory error puts its configuration out
+        (the baseline's ends the race); a hang or crash ends the group, and the second one of
+        the same configuration puts it out."""
+        self.say(f"race: {self._name(who)}: {why}")
+        if group_ended:
+            who.failures += 1
+            self.broken = f"{self._name(who)}: {why}"
+            if who.failures < FAILURES:
+                return
+        if who is self.base:
+            self.ended = f"a baseline window did not complete ({why})"
+        else:
+            who.out = f"a window did not complete ({why})"
+
+    def _show_pair(self, entrant: Entrant, pair: int) -> None:
+        paired = entrant.paired
+        mine, base = entrant.windows[pair], entrant.baseline[pair]
+        so_far = (
+            f"{paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f})"
+            if paired.pairs >= 2
+            else "an interval needs two"
+        )
+        measured = sorted(set(entrant.windows) & set(entrant.baseline))
+        out = len(paired.disturbed)
+        left = f", {out} disturbed left out" if out else ""
+        self.say(
+            f"race pair {pair + 1}: trial {entrant.record.number} {mine:.2f} vs baseline "
+            f"{base:.2f} samples/s = {mine / base:.3f}; after {len(measured)} pair"
+            f"{'s' if len(measured) > 1 else ''}{left}: {so_far}"
+        )
+
+    def _row(self, slot: Slot, outcome: dict[str, Any], value: float | None) -> dict[str, Any]:
+        """Its remeasure.csv row (window pairing: a warm-up has no pair)."""
+        self.position += 1
+        return {
+            "position": self.position - 1, "repeat": 0, "trial": slot.who.record.number,
+            "role": BASELINE if slot.who is self.base else "finalist",
+            "state": outcome.get(m.STATE), "samples_per_s": value or "",
+            "throughput_cv": "", "windows": 1, "disturbed": "",
+            m.PLACEMENT: outcome.get(m.PLACEMENT, ""), "pairing": WINDOW,
+            "pair": "" if slot.pair is None else slot.pair,
+            "against": "" if slot.against is None else slot.against.record.number,
+            "delta": self.delta,
+        }  # fmt: skip

@@ -1,0 +1,202 @@
+"""Paired windows: the interval of a paired ratio, the race's schedule and stopping rule, and
+the verdict read back from remeasure.csv's window rows. Pure logic: the race is driven by hand
+with the outcomes a worker group would send, no Ray."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.paired import PairedRatio, pair_order, ratios_from_rows, t_quantile
+from orchestrator.search import race as race_mod
+from orchestrator.search.results import TrialRecord
+from orchestrator.verdict import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide, verdict_from_rows
+from train_fns import metrics as m
+from train_fns.plan import TrialPlan
+
+
+def test_t_quantiles_from_the_table_and_beyond() -> None:
+    assert t_quantile(1) == pytest.approx(12.706)
+    assert t_quantile(2) == pytest.approx(4.303)
+    assert t_quantile(30) == pytest.approx(2.042, abs=0.003)
+    assert t_quantile(1000) == pytest.approx(1.962, abs=0.002)
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_a_paired_ratio_is_the_geometric_mean_with_a_t_interval() -> None:
+    paired = PairedRatio((1.10, 1.08, 1.12))
+    assert paired.ratio == pytest.approx((1.10 * 1.08 * 1.12) ** (1 / 3))
+    logs = [math.log(r) for r in paired.ratios]
+    sd = (sum((x - sum(logs) / 3) ** 2 for x in logs) / 2) ** 0.5
+    assert paired.low == pytest.approx(paired.ratio * math.exp(-4.303 * sd / 3**0.5))
+    assert paired.low < paired.ratio < paired.high
+    assert PairedRatio((1.1,)).half_width == math.inf and PairedRatio(()).ratio == 1.0
+
+
+def test_decisions_against_delta() -> None:
+    assert decide(1.03, 1.10, 0.02) == KEEP
+    assert decide(1.01, 1.10, 0.02) == UNDECIDED
+    assert decide(0.99, 1.015, 0.02) == NO_GAIN
+    assert decide(0.90, 0.97, 0.02) == SLOWER
+
+
+def test_pairs_alternate_their_order() -> None:
+    assert [pair_order(k) for k in range(3)] == [
+        ("baseline", "finalist"), ("finalist", "baseline"), ("baseline", "finalist"),
+    ]  # fmt: skip
+
+
+def _row(position: int, trial: int, role: str, value: float | str, pair: int | str,
+         against: int | str, state: str = "complete") -> dict[str, str]:  # fmt: skip
+    return {"position": str(position), "trial": str(trial), "role": role, "state": state,
+            "samples_per_s": str(value), "pairing": "window", "pair": str(pair),
+            "against": str(against), "delta": "0.02"}  # fmt: skip
+
+
+def test_window_rows_read_back_into_a_verdict_that_says_how_it_paired() -> None:
+    rows = [_row(0, 0, "baseline", 100.0, "", ""), _row(1, 7, "finalist", 108.0, "", 7)]
+    figures = [(100.0, 110.0), (101.0, 110.5), (99.0, 109.0), (100.0, 111.0)]
+    for k, (base, mine) in enumerate(figures):
+        rows += [_row(2 + 2 * k, 0, "baseline", base, k, 7), _row(3 + 2 * k, 7, "finalist",
+                 mine, k, 7)]  # fmt: skip
+    rows.append(_row(10, 7, "finalist", "", 4, 7, state="oom"))  # half a pair: left out
+    rows.append({**_row(11, 0, "baseline", "fast", 5, 7)})  # a hand-edited figure: not evidence
+    found = ratios_from_rows(rows)
+    assert list(found) == [7] and len(found[7][0]) == 4
+    verdict = verdict_from_rows(rows)
+    (comp,) = verdict.comparisons
+    assert comp.pairing == "window" and comp.pairs == 4 and comp.decision == KEEP
+    assert verdict.chosen is comp and comp.ratio == pytest.approx(1.1, abs=0.01)
+    line = verdict.line()
+    assert line.startswith("keep trial 7: 1.10x baseline (interval 1.0")
+    assert "from 4 window pairs" in line and "δ 2%" in line
+    assert "paired windows in the same processes" in line
+
+
+class _Driven:
+    """A race whose worker group is this test: ``step`` answers each window it asks for."""
+
+    def __init__(self, finalists: dict[int, float], noise: float = 0.01, max_pairs: int = 10,
+                 fail: tuple[int, int] | None = None) -> None:  # fmt: skip
+        plan = TrialPlan(model="x", task=None, seq_len=8, global_batch=4, world_size=2,
+                         accumulation_steps=1, micro_batch=2)  # fmt: skip
+        search = SimpleNamespace(verdict_delta=0.02, verdict_pairs=max_pairs, measure_steps=9,
+                                 windows=3, warmup_steps=3)  # fmt: skip
+        ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+        mp = pytest.MonkeyPatch()
+        mp.setattr(race_mod, "derive_plan", lambda ctx, params: (plan, {}))
+        try:
+            self.race = race_mod.Race(
+                ctx, TrialRecord(0, m.COMPLETE, "", {}, {}),
+                [TrialRecord(n, m.COMPLETE, "", {"n": n}, {}) for n in finalists],
+                say=lambda line: None,
+            )  # fmt: skip
+        finally:
+            mp.undo()
+        self.speed = {0: 1.0, **finalists}
+        self.rng, self.noise, self.fail = random.Random(0), noise, fail
+        self.asked: list[tuple[str, int | None, int | None]] = []
+
+    def run(self) -> None:
+        drift = 100.0
+        for index, plan in enumerate(self.race._schedule()):
+            slot = self.race.slots[index]
+            number = slot.who.record.number
+            self.asked.append((plan.resident, slot.pair, plan.measure_steps))
+            drift *= 1.02  # a machine getting faster by 2% a window: pairing cancels it
+            value = drift * self.speed[number] * (1 + self.rng.gauss(0, self.noise))
+            state = m.COMPLETE
+            if self.fail == (number, slot.pair):
+                state = m.OOM
+            self.race._take(index, {m.STATE: state, m.SAMPLES_PER_S: value, m.REASON: "x"})
+
+
+def test_a_clear_gain_is_kept_after_three_pairs_despite_drift() -> None:
+    driven = _Driven({5: 1.10})
+    driven.run()
+    (entrant,) = driven.race.entrants
+    assert entrant.paired.pairs == 3 and entrant.out is None
+    assert decide(entrant.paired.low, entrant.paired.high, 0.02) == KEEP
+    residents = [who for who, pair, _ in driven.asked]
+    assert residents[:2] == ["baseline", "trial5"]  # built and warmed up, the baseline first
+    assert residents[2:] == ["baseline", "trial5", "trial5", "baseline", "baseline", "trial5"]
+    assert {steps for _, pair, steps in driven.asked if pair is not None} == {3}
+
+
+def test_the_race_drops_the_slower_and_keeps_racing_the_undecided() -> None:
+    driven = _Driven({5: 1.10, 6: 0.90, 7: 1.09}, noise=0.0)
+    driven.run()
+    by = {e.record.number: e for e in driven.race.entrants}
+    assert by[6].out.startswith("slower") and by[6].paired.pairs == 3
+    assert by[5].out is None and by[7].out is None  # both kept racing: neither below the other
+    rows = driven.race.rows
+    assert {r["pairing"] for r in rows} == {"window"} and len(rows) == 4 + 3 * 3 * 2
+
+
+def test_no_gain_ends_the_race_and_the_budget_ends_an_undecided_one() -> None:
+    flat = _Driven({5: 1.0}, noise=0.001)
+    flat.run()
+    assert flat.race.entrants[0].out.startswith("no gain")
+    noisy = _Driven({5: 1.02}, noise=0.08, max_pairs=5)
+    noisy.run()
+    (entrant,) = noisy.race.entrants
+    assert entrant.paired.pairs == 5 and entrant.out is None
+
+
+def test_a_failed_baseline_window_ends_the_race_and_a_failed_finalist_leaves_it() -> None:
+    lost = _Driven({5: 1.10}, fail=(0, 1))
+    lost.run()
+    assert lost.race.ended.startswith("a baseline window did not complete")
+    gone = _Driven({5: 1.10, 6: 1.2}, fail=(6, 0))
+    gone.run()
+    by = {e.record.number: e for e in gone.race.entrants}
+    assert by[6].out.startswith("a window did not complete") and by[5].paired.pairs == 3
+
+
+def test_a_hang_ends_the_group_and_the_race_goes_on_in_a_fresh_one() -> None:
+    """The baseline's window of pair 2 hangs once: the group is ended, a fresh one builds and
+    warms up both again, and the race carries on from pair 2 with the pairs so far kept. A
+    finalist that hangs in both groups is out; the baseline hanging twice ends the race."""
+
+    def raced(hangs: set[tuple[int, int, int]]) -> tuple[_Driven, list[list[str]]]:
+        driven = _Driven({5: 1.10, 6: 1.08})
+        groups: list[list[str]] = []
+
+        class Group:
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                groups.append([])
+
+            def run(self, source, take, label):  # noqa: ANN001, ANN202
+                for index, (plan, _env) in enumerate(source):
+                    slot = driven.race.slots[index]
+                    groups[-1].append(plan.resident)
+                    key = (len(groups), slot.who.record.number, slot.pair)
+                    if key in hangs:
+                        take(index, {m.STATE: m.HANG, m.REASON: "hang in phase measure"})
+                        return [None]
+                    take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: 100.0 * driven.speed[
+                        slot.who.record.number] * (1 + driven.rng.gauss(0, 0.01))})
+                return []
+
+        mp = pytest.MonkeyPatch()
+        mp.setattr(race_mod, "GroupRun", Group)
+        mp.setattr(race_mod, "derive_plan", lambda ctx, params: (driven.race.base.plan, {}))
+        try:
+            driven.race.run()
+        finally:
+            mp.undo()
+        return driven, groups
+
+    once, groups = raced({(1, 0, 1)})
+    assert len(groups) == 2 and groups[1][:3] == ["baseline", "trial5", "trial6"]
+    assert once.race.ended is None
+    assert all(e.paired.pairs >= 3 and e.out is None for e in once.race.entrants)
+    twice, _ = raced({(1, 6, 0), (2, 6, 0)})
+    by = {e.record.number: e for e in twice.race.entrants}
+    assert by[6].out.startswith("a window did not complete (hang") and by[5].paired.pairs >= 3
+    lost, _ = raced({(1, 0, 0), (2, 0, 0)})
+    assert lost.race.ended.startswith("a baseline window did not complete (hang")
