@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
         race = Repeated(ctx, base, args.decisions, args.busy_every)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
-              f"(δ {race.delta:.0%}, {race.steps} steps a window, at most {race.max_pairs} "
+              f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "
               f"pairs a decision)", flush=True)  # fmt: skip
         race.run()
     counts = Counter(r[1] for r in race.results)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                   + ", ".join(f"{n} {d}" for d, n in sorted(tally.items())))
     keeps = counts.get(KEEP, 0)
     print(f"false keeps: {keeps} of {len(race.results)} decisions "
-          f"({keeps / max(1, len(race.results)):.0%}) at δ {race.delta:.0%}")
+          f"({keeps / max(1, len(race.results)):.0%}) at δ {race.delta * 100:g}%")
     if race.ended:
         raise SystemExit(f"the race ended early: {race.ended}")
     if len(race.results) < args.decisions:

@@ -9,7 +9,7 @@ those flagged disturbed). A verdict a user can bet on is the
 same finalist (or the same "keep the baseline") on the clean runs, and the hogged run either
 agrees, measures the disturbed runs again, or says it is too noisy to decide.
 
-    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 70 min, 2 cores)
+    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 30 min, 2 cores)
     python -m benchmarks.verdicts --clean 1 --hogged 0
     python -m benchmarks.verdicts --quick            # one smoke search (what the tests run)
 """
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hog-s", type=float, default=60.0, help="how long the hog runs")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed on to the search")  # fmt: skip
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep each run's folder under DIR (for benchmarks.delivered)")
     ap.add_argument("--quick", action="store_true",
                     help="one clean smoke search, 3 trials (what the tests run)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -130,9 +132,10 @@ def main(argv: list[str] | None = None) -> None:
         args.clean, args.hogged, extra = 1, 0, ["--preset", "smoke", "--trials", "3", *extra]
     plan = [None] * args.clean + [args.hog_s] * args.hogged
     with tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp:
+        where = Path(args.keep or tmp)
         for i, hog_s in enumerate(plan):
             print(f"run {i + 1}/{len(plan)}{' (hogged)' if hog_s else ''} ...", flush=True)
-            row = run_once(Path(tmp) / f"run{i}", hog_s, extra)
+            row = run_once(where / f"run{i}", hog_s, extra)
             print(f"  {row['wall_s']} s; {row['disturbed']}\n  {row['sequence']}\n"
                   f"  {row['verdict']}", flush=True)  # fmt: skip
 

@@ -112,22 +112,25 @@ def pair_order(pair: int) -> tuple[str, str]:
 def ratios_from_rows(rows: list[dict[str, str]]) -> dict[int, tuple[list[float], list[float]]]:
     """remeasure.csv's window-paired rows back into, per finalist (its trial number), the
     ratios of its complete pairs and the baseline windows of those pairs; a pair with a
-    window that did not complete is left out."""
-    windows: dict[tuple[int, int], dict[str, float]] = {}
+    window that did not complete, or whose windows come from different worker groups (the
+    ``attempt`` column), is left out."""
+    windows: dict[tuple[int, int, int], dict[str, float]] = {}
     for row in rows:
         if row.get("pairing") != "window" or row.get("pair") in (None, ""):
             continue
-        try:
-            key = (int(row["against"]), int(row["pair"]))
+        try:  # a pair's two windows come from one worker group (its attempt)
+            key = (int(row["against"]), int(row["pair"]), int(row.get("attempt") or 0))
             value = float(row["samples_per_s"]) if row.get("state") == "complete" else None
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue  # a hand-edited row: not evidence
         if value is not None and value > 0 and math.isfinite(value):
             windows.setdefault(key, {})[row.get("role") or ""] = value
     out: dict[int, tuple[list[float], list[float]]] = {}
-    for (number, _pair), found in sorted(windows.items()):
+    for (number, _pair, _attempt), found in sorted(windows.items()):
         if "baseline" in found and "finalist" in found:
-            ratios, base = out.setdefault(number, ([], []))
-            ratios.append(found["finalist"] / found["baseline"])
-            base.append(found["baseline"])
+            ratio = found["finalist"] / found["baseline"]
+            if 0 < ratio < math.inf:
+                ratios, base = out.setdefault(number, ([], []))
+                ratios.append(ratio)
+                base.append(found["baseline"])
     return out

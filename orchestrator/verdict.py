@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import PairedRatio, ratios_from_rows
+from orchestrator.paired import MIN_PAIRS, PairedRatio, ratios_from_rows
 from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
@@ -135,7 +135,7 @@ class Comparison:
         return (
             f"{self.ratio:.2f}x baseline (interval {self.low:.2f}-{self.high:.2f} from "
             f"{self.pairs} {kind}{'s' if self.pairs != 1 else ''}{again}, noise threshold "
-            f"δ {self.delta:.0%}; {self.samples_per_s:.2f} vs "
+            f"δ {self.delta * 100:g}%; {self.samples_per_s:.2f} vs "
             f"{self.baseline_samples_per_s:.2f} samples/s)"
         )
 
@@ -300,7 +300,8 @@ def window_comparison(
     gone = set(paired.disturbed)
     kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
     base = math.exp(statistics.fmean(math.log(b) for b in kept))
-    return Comparison(number, paired.ratio, paired.low, paired.high, paired.pairs, WINDOW,
+    low, high = (paired.low, paired.high) if paired.pairs >= MIN_PAIRS else (0.0, math.inf)
+    return Comparison(number, paired.ratio, low, high, paired.pairs, WINDOW,
                       base * paired.ratio, base, delta, disturbed=len(gone))  # fmt: skip
 
 
@@ -336,10 +337,12 @@ def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
     number of windows per run (1 when the file does not say)."""
 
     def num(value: str | None) -> float | None:
+        """A finite number, or None (a hand-edited nan, inf or word is no figure)."""
         try:
-            return float(value) if value not in (None, "") else None
+            found = float(value) if value not in (None, "") else None
         except ValueError:
             return None
+        return found if found is not None and math.isfinite(found) else None
 
     by_pos: dict[int, list[dict[str, str]]] = {}
     for row in rows:
@@ -355,8 +358,9 @@ def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
             Measure(
                 num(r.get("samples_per_s"))
                 if r.get("state") == "complete" and (r.get("placement") or placement) == placement
+                and (num(r.get("samples_per_s")) or 0) > 0
                 else None,
-                num(r.get("throughput_cv")) or 0.0,
+                max(0.0, num(r.get("throughput_cv")) or 0.0),
             )
             for r in found
         ]
@@ -367,5 +371,5 @@ def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
                 ms[0].samples_per_s, ms[0].cv, tuple(ms[1:]),
             )
         )  # fmt: skip
-    windows = max((int(num(r.get("windows")) or 1) for r in rows), default=1)
+    windows = max((max(1, int(num(r.get("windows")) or 1)) for r in rows), default=1)
     return runs, windows

@@ -368,7 +368,7 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
         "; ".join(evidence),
         "quiet the machine during the search (no other jobs on its cores or GPUs); give the "
         f"verdict more pairs (search.verdict_pairs) or accept only larger gains "
-        f"(search.verdict_delta, now {delta:.0%}); measure trials longer (search.windows, "
+        f"(search.verdict_delta, now {delta * 100:g}%); measure trials longer (search.windows, "
         "search.measure_steps)",
         max(spread / NOISY_SPREAD, float(len(claims)), 1.0),
     )

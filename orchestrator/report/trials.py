@@ -121,15 +121,20 @@ def _from_remeasure(record: RunRecord) -> str:
     again = "".join(f"<li>disturbed: {esc(w)}</li>" for w in verdict.disturbed)
     base = statistics.fmean(c.baseline_samples_per_s for c in comps)
     shown = [("baseline", base, 0.0)] + [
-        (f"trial {c.number}", base * c.ratio, base * (c.high - c.low) / 2) for c in comps
+        (f"trial {c.number}", base * c.ratio, _finite(base * (c.high - c.low) / 2)) for c in comps
     ]
     return (
         f"<p><b>Verdict</b>: {esc(verdict.line())}</p>"
         f"<p>Measured beside the baseline ({esc(verdict.pairing)}); noise threshold δ "
-        f"{verdict.delta:.0%}: a finalist is kept when its whole interval lies above "
+        f"{verdict.delta * 100:g}%: a finalist is kept when its whole interval lies above "
         f"{1 + verdict.delta:.2f}. Each finalist's ratio and interval:</p>"
         f"<ul>{listed}{again}</ul>" + bar_chart(shown)
     )
+
+
+def _finite(value: float) -> float:
+    """An error bar matplotlib can draw (an interval of one pair is infinite: none drawn)."""
+    return value if math.isfinite(value) else 0.0
 
 
 def section_importance(record: RunRecord) -> str:

@@ -48,6 +48,8 @@ def finalists(
     seen, out = [baseline.params], []
     ranked = sorted((r for r in recs if r.value is not None), key=lambda r: -r.value)
     best = next((r.value for r in ranked if r.params != baseline.params), None)
+    if best is None:
+        return []
     for rec in ranked:
         near = margin is None or rec.value >= best * (1 - margin)
         if rec.params not in seen and len(out) < top and near:
@@ -69,7 +71,8 @@ def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
     between windows (``RESIDENT_BYTES_PER_PARAM``) plus the largest step's working memory (its
     peak beyond that) within ``MEMORY_SHARE`` of the device. Unknown figures: assumed to fit
     when no capacity is known, not to fit when a peak is missing."""
-    capacity = min((r.attrs.get(m.MEMORY_CAPACITY_BYTES) or 0 for r in recs), default=0)
+    known = [r.attrs.get(m.MEMORY_CAPACITY_BYTES) for r in recs]
+    capacity = min((c for c in known if c), default=0)
     if not capacity:
         return True
     held, working = 0.0, 0.0
@@ -85,7 +88,8 @@ def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
 
 
 def remeasure(
-    ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path
+    ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path,
+    deadline: float | None = None,
 ) -> Verdict:
     """Measure the finalists again beside the baseline, in paired windows where they can be,
     in interleaved worker groups where not; remeasure.csv, and the verdict read from it."""
@@ -96,7 +100,7 @@ def remeasure(
         window.pop()  # the slowest first
     rows: list[dict[str, Any]] = []
     if window:
-        race = Race(ctx, baseline, window)
+        race = Race(ctx, baseline, window, deadline=deadline)
         race.run()
         rows += race.rows
         if race.ended:
@@ -116,7 +120,8 @@ def remeasure(
 
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
-          "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "delta"]  # fmt: skip
+          "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
+          "delta"]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
 
 

@@ -17,6 +17,7 @@ the last one's outcome, so every decision sees every window so far.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,7 @@ class Race:
 
     def __init__(
         self, ctx: TrialContext, baseline: TrialRecord, finalists: list[TrialRecord],
-        say: Callable[[str], Any] = print,
+        say: Callable[[str], Any] = print, deadline: float | None = None,
     ) -> None:  # fmt: skip
         search = ctx.config.search
         self.ctx, self.say = ctx, say
@@ -94,6 +95,12 @@ class Race:
         """The first pair not yet measured for every finalist still in."""
         self.position = 0
         """Rows written so far (a row's position in remeasure.csv)."""
+        self.attempt = 0
+        """The worker group the race runs in (0, then 1, ... after a hang or crash)."""
+        self.finished = False
+        """The current group's schedule ran to its end (it was not cut short)."""
+        self.deadline = deadline
+        """``search.time_budget_min`` as a ``time.time()``: no round starts after it."""
 
     def _entrant(self, rec: TrialRecord, key: str) -> Entrant:
         plan, _ = derive_plan(self.ctx, rec.params)
@@ -107,15 +114,15 @@ class Race:
         shown = ", ".join(f"trial {e.record.number}" for e in self.entrants)
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
-            f"{self.steps} steps each, B c then c B), until decided at δ {self.delta:.0%} "
+            f"{self.steps} steps each, B c then c B), until decided at δ {self.delta * 100:g}% "
             f"(at most {self.max_pairs} pairs each)"
         )
         for attempt in range(GROUPS):
-            self.slots, self.broken = [], None
+            self.slots, self.broken, self.finished, self.attempt = [], None, False, attempt
             group = GroupRun(self.ctx, f"verdict_{attempt}", owned=True, out=self.say)
             plans = self._schedule()
-            reached = group.run(((plan, env) for plan in plans), self._take, label=self._label)
-            if self.broken is None and all(o is not None for o in reached):
+            group.run(((plan, env) for plan in plans), self._take, label=self._label)
+            if self.finished or not self._alive():
                 break
             broken = self.broken or "its worker group ended before the race did"
             if self.ended is not None or attempt + 1 == GROUPS:
@@ -138,6 +145,7 @@ class Race:
         """Warm-ups, then rounds of one pair per finalist still in, until the race ends."""
         yield from self.warm_ups()
         yield from self.rounds()
+        self.finished = True
 
     def warm_ups(self) -> Iterator[TrialPlan]:
         """Each configuration built (kept resident) and warmed up, the baseline first."""
@@ -150,6 +158,10 @@ class Race:
         while self.ended is None and self._alive() and not self._over(self.next_pair):
             pair = self.next_pair
             for entrant in self._alive():
+                if pair in entrant.windows and pair in entrant.baseline:
+                    continue  # measured in a group that ended later in this round
+                entrant.windows.pop(pair, None)  # half a pair: both windows again, together
+                entrant.baseline.pop(pair, None)
                 for role in pair_order(pair):
                     who = self.base if role == BASELINE else entrant
                     if self.ended is None and entrant.out is None:
@@ -171,6 +183,9 @@ class Race:
         """After a round: a finalist is kept, or every one left has had its pairs."""
         alive = self._alive()
         if any(self._decision(e) == KEEP for e in alive) and pair >= MIN_PAIRS:
+            return True
+        if self.deadline is not None and time.time() > self.deadline:
+            self.say("race: time budget spent: no further round")
             return True
         return pair >= self.max_pairs
 
@@ -256,5 +271,6 @@ class Race:
             m.PLACEMENT: outcome.get(m.PLACEMENT, ""), "pairing": WINDOW,
             "pair": "" if slot.pair is None else slot.pair,
             "against": "" if slot.against is None else slot.against.record.number,
+            "attempt": self.attempt,
             "delta": self.delta,
         }  # fmt: skip

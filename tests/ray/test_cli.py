@@ -85,5 +85,10 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
     assert best.workload.global_batch == 16
     assert (out / "best.env").read_text().startswith("#")
     remeasured = list(csv.DictReader((out / "remeasure.csv").open()))
-    firsts = [r for r in remeasured if r["repeat"] == "0"]  # a disturbed run adds repeats
-    assert [r["role"] for r in firsts] == ["baseline", "finalist", "baseline"]
+    # the race: both built and warmed up, then pairs of windows (B c, then c B, ...)
+    assert {r["pairing"] for r in remeasured} == {"window"}
+    assert [r["role"] for r in remeasured if r["pair"] == ""] == ["baseline", "finalist"]
+    paired = [r for r in remeasured if r["pair"] != ""]
+    assert len(paired) >= 6 and [r["role"] for r in paired[:4]] == [
+        "baseline", "finalist", "finalist", "baseline",
+    ]  # fmt: skip

@@ -200,3 +200,24 @@ def test_a_hang_ends_the_group_and_the_race_goes_on_in_a_fresh_one() -> None:
     assert by[6].out.startswith("a window did not complete (hang") and by[5].paired.pairs >= 3
     lost, _ = raced({(1, 0, 0), (2, 0, 0)})
     assert lost.race.ended.startswith("a baseline window did not complete (hang")
+
+
+def test_no_finalist_when_only_the_baseline_completed() -> None:
+    from orchestrator.search.finalists import finalists
+
+    base = TrialRecord(0, m.COMPLETE, "", {"a": 1}, {m.SAMPLES_PER_S: 10.0})
+    failed = TrialRecord(1, m.OOM, "", {"a": 2}, {})
+    assert finalists([base, failed], base, 3, margin=0.04) == []
+
+
+def test_a_hand_edited_remeasure_csv_is_read_without_raising() -> None:
+    rows = [_row(2 + k, n, role, value, k // 2, 7) for k, (n, role, value) in enumerate(
+        [(0, "baseline", "1e300"), (7, "finalist", "1e-300"), (0, "baseline", "-5"),
+         (7, "finalist", "nan"), (0, "baseline", "inf"), (7, "finalist", "3")])]  # fmt: skip
+    rows += [{"position": "nan", "trial": "inf", "role": "baseline", "state": "complete",
+              "samples_per_s": "-1", "windows": "-4", "throughput_cv": "nan"},
+             {"position": "1", "trial": "3", "role": "finalist", "state": "complete",
+              "samples_per_s": "1", "windows": "nan"}]  # fmt: skip
+    verdict = verdict_from_rows(rows)
+    assert verdict.chosen is None and verdict.line()
+
