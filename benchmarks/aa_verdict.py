@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchestrator.config import load_config
+from orchestrator.paired import noise_floor
 from orchestrator.plans import resolve_task
 from orchestrator.runfiles import storage_dir
 from orchestrator.search import race as race_mod
@@ -32,7 +33,7 @@ from orchestrator.search.context import space_of
 from orchestrator.search.pipeline import search_context
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
-from orchestrator.search.trial import TrialContext
+from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.session import resolve_gpu, start_ray
 from orchestrator.verdict import KEEP, decide
 from train_fns import metrics as m
@@ -75,9 +76,11 @@ class Neighbours:
 class Repeated(Race):
     """The race with the baseline's twin as its one finalist, decided ``decisions`` times."""
 
-    def __init__(self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int):
+    def __init__(
+        self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int, floor: float
+    ) -> None:
         twin = TrialRecord(1, m.COMPLETE, "", dict(base.params), {})
-        super().__init__(ctx, base, [twin], say=lambda line: None)
+        super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor)
         self.decisions, self.busy_every = decisions, busy_every
         self.results: list[tuple[bool, str, int, float, float, float]] = []
 
@@ -97,7 +100,8 @@ class Repeated(Race):
                 yield from self.rounds()
             paired = twin.paired
             decision = decide(paired.low, paired.high, self.delta)
-            if paired.pairs < self.max_pairs and decision == "undecided":
+            measured = len(set(twin.windows) & set(twin.baseline))  # disturbed ones too
+            if measured < self.max_pairs and decision == "undecided":
                 decision = "ended early"
             self.results.append((busy, decision, paired.pairs, paired.ratio, paired.low,
                                  paired.high))  # fmt: skip
@@ -106,6 +110,17 @@ class Repeated(Race):
                   f"{paired.pairs:2d} pairs: {paired.ratio:.3f}x (interval {paired.low:.3f}-"
                   f"{paired.high:.3f}) [{took:.0f} s]; pairs "
                   + " ".join(f"{r:.3f}" for r in paired.ratios), flush=True)  # fmt: skip
+        self.finished = True
+
+
+def calibrate(ctx: TrialContext, base: TrialRecord) -> float:
+    """The race's noise floor as a search sets it (``paired.noise_floor`` of its trials' window
+    cv): here from the baseline measured twice as a search's trial."""
+    plan = derive_plan(ctx, base.params)
+    found = measure_plans(ctx, [plan, plan], "calibration")
+    if any(o.get(m.STATE) != m.COMPLETE for o in found):
+        raise SystemExit(f"the calibration trials did not complete: {found}")
+    return noise_floor([o[m.THROUGHPUT_CV] for o in found])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,10 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     base = TrialRecord(0, m.COMPLETE, "", space.baseline(), {})
     with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
-        race = Repeated(ctx, base, args.decisions, args.busy_every)
+        floor = calibrate(ctx, base)
+        race = Repeated(ctx, base, args.decisions, args.busy_every, floor)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
               f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "
-              f"pairs a decision)", flush=True)  # fmt: skip
+              f"pairs a decision, noise floor {floor:.1%} as a search would measure it)",
+              flush=True)  # fmt: skip
         race.run()
     counts = Counter(r[1] for r in race.results)
     for busy in (False, True):

@@ -57,6 +57,10 @@ class PairedRatio:
     run is out of a paired-run verdict; the race measures on until the rest decides."""
 
     ratios: tuple[float, ...]
+    floor: float = 0.0
+    """The least standard deviation of a log ratio the interval assumes: the noise the search
+    measured (``noise_floor``). Three or four pairs that happen to agree closely would otherwise
+    give an interval far narrower than the machine's noise, and a false keep."""
 
     @property
     def disturbed(self) -> tuple[int, ...]:
@@ -93,7 +97,8 @@ class PairedRatio:
         if len(clean) < 2:
             return math.inf
         logs = [math.log(r) for r in clean]
-        return t_quantile(len(clean) - 1) * statistics.stdev(logs) / math.sqrt(len(clean))
+        spread = max(statistics.stdev(logs), self.floor)
+        return t_quantile(len(clean) - 1) * spread / math.sqrt(len(clean))
 
     @property
     def low(self) -> float:
@@ -104,9 +109,28 @@ class PairedRatio:
         return self.ratio * math.exp(self.half_width)
 
 
+def noise_floor(window_cvs: list[float]) -> float:
+    """The least spread of a pair's log ratio: the median window cv the search measured, times
+    the square root of 2 (a ratio of two windows)."""
+    cvs = sorted(cv for cv in window_cvs if math.isfinite(cv) and cv >= 0)
+    return math.sqrt(2) * statistics.median(cvs) if cvs else 0.0
+
+
 def pair_order(pair: int) -> tuple[str, str]:
     """Which of the two windows of pair ``pair`` (0, 1, ...) runs first: B c, then c B."""
     return ("baseline", "finalist") if pair % 2 == 0 else ("finalist", "baseline")
+
+
+def floor_from_rows(rows: list[dict[str, str]]) -> float:
+    """The noise floor remeasure.csv records (0 where it records none)."""
+    for row in rows:
+        try:
+            value = float(row.get("floor") or "nan")
+        except ValueError:
+            continue
+        if 0 <= value < 1:
+            return value
+    return 0.0
 
 
 def ratios_from_rows(rows: list[dict[str, str]]) -> dict[int, tuple[list[float], list[float]]]:

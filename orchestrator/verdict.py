@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, ratios_from_rows
+from orchestrator.paired import MIN_PAIRS, PairedRatio, floor_from_rows, ratios_from_rows
 from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
@@ -157,7 +157,9 @@ class Verdict:
     comparisons: list[Comparison]
     """Highest lower end of the interval first."""
     baseline_spread: float
-    """Relative spread of the clean baseline measurements (runs, or windows)."""
+    """The noise the comparisons rest on (``spread_of``): the relative spread of the clean
+    baseline runs (paired runs), or of a pair's ratio (paired windows; the median over
+    finalists of their clean pairs' standard deviation)."""
     disturbed: list[str] = field(default_factory=list)
     """One line per disturbed measurement (left out of the verdict)."""
     delta: float = DELTA
@@ -179,11 +181,16 @@ class Verdict:
         kinds = sorted({c.pairing for c in self.comparisons})
         return " and ".join(PAIRINGS[k] for k in kinds) or "nothing paired"
 
+    @property
+    def spread_of(self) -> str:
+        """What ``baseline_spread`` spreads over: window pairs' ratios, or baseline runs."""
+        if self.comparisons and all(c.pairing == WINDOW for c in self.comparisons):
+            return "pair-to-pair"
+        return "baseline run-to-run"
+
     def line(self) -> str:
         """The final line: the finalist actually chosen, or why the baseline stays."""
-        spread_of = "window-to-window" if all(c.pairing == WINDOW for c in self.comparisons) \
-            else "run-to-run"  # fmt: skip
-        noise = f"{self.pairing}; baseline {spread_of} spread {self.baseline_spread:.1%}"
+        noise = f"{self.pairing}; {self.spread_of} spread {self.baseline_spread:.1%}"
         if self.disturbed:
             noise += f", {len(self.disturbed)} disturbed measurement(s) left out"
         if self.chosen is not None:
@@ -293,10 +300,10 @@ def _ranked(comps: list[Comparison]) -> list[Comparison]:
 
 
 def window_comparison(
-    number: int, ratios: list[float], baseline: list[float], delta: float
+    number: int, ratios: list[float], baseline: list[float], delta: float, floor: float = 0.0
 ) -> Comparison:
     """Window pairing: a finalist's comparison from its pairs' ratios and baseline windows."""
-    paired = PairedRatio(tuple(ratios))
+    paired = PairedRatio(tuple(ratios), floor)
     gone = set(paired.disturbed)
     kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
     base = math.exp(statistics.fmean(math.log(b) for b in kept))
@@ -312,12 +319,13 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     group_rows = [r for r in rows if r.get("pairing", GROUP) in ("", GROUP)]
     runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
     grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
-    found = ratios_from_rows(rows)
-    paired = [window_comparison(n, r, b, delta) for n, (r, b) in found.items()]
+    found, floor = ratios_from_rows(rows), floor_from_rows(rows)
+    paired = [window_comparison(n, r, b, delta, floor) for n, (r, b) in found.items()]
     if not paired:
         return grouped
-    base_windows = [b for _, base in found.values() for b in base]
-    spread = grouped.baseline_spread if runs else robust_spread(base_windows)
+    cleans = [PairedRatio(tuple(r)).clean for r, _ in found.values()]
+    spreads = [statistics.stdev(math.log(r) for r in c) for c in cleans if len(c) >= 2]
+    spread = grouped.baseline_spread if runs else statistics.median(spreads or [0.0])
     return Verdict(_ranked(grouped.comparisons + paired), spread, grouped.disturbed, delta)
 
 

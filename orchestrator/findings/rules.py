@@ -356,7 +356,8 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
         return None
     evidence = []
     if verdict:
-        evidence.append(f"{REMEASURE_CSV}: {verdict.pairing}, baseline spread {_pct(spread)}")
+        evidence.append(f"{REMEASURE_CSV}: {verdict.pairing}, {verdict.spread_of} spread "
+                        f"{_pct(spread)}")  # fmt: skip
         evidence += [f"disturbed: {w}" for w in verdict.disturbed]
         evidence += [verdict.line().split("; what helps")[0]] if verdict.too_noisy else []
     evidence += [f"{TRIALS_CSV}: {', '.join(claims[:5])}"] if claims else []

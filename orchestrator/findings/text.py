@@ -1,5 +1,6 @@
-"""The findings as text: what they are about (the run, the files read, the topology) and the
-findings themselves, numbered. The doctor prints these lines and the report shows the same.
+"""The findings as text: what they are about (the run, the files read, the topology, the
+verdict) and the findings themselves, numbered. The doctor prints these lines and the report
+shows the same.
 """
 
 from __future__ import annotations
@@ -7,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.findings.rules import RULES, Finding
-from orchestrator.runfiles import KNOWN_FILES, RunRecord
+from orchestrator.runfiles import KNOWN_FILES, REMEASURE_CSV, RunRecord
+from orchestrator.verdict import verdict_from_rows
 
 
 def describe(record: RunRecord) -> str:
@@ -33,11 +35,13 @@ def topology_lines(topo: dict[str, Any]) -> list[str]:
 def context_lines(record: RunRecord) -> list[str]:
     """What the findings are about: the run, the files read and the topology."""
     absent = [n for n in KNOWN_FILES if n not in record.files]
+    verdict = verdict_from_rows(record.remeasure) if record.remeasure else None
     return [
         describe(record),
         f"read: {', '.join(record.files) or 'nothing'}; absent: {', '.join(absent) or 'none'}",
         *(f"unreadable: {n} ({why})" for n, why in record.unreadable.items()),
         *topology_lines(record.topology),
+        *([f"verdict ({REMEASURE_CSV}): {verdict.line()}"] if verdict else []),
     ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchestrator.paired import noise_floor
 from orchestrator.runfiles import REMEASURE_CSV, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
@@ -89,7 +90,7 @@ def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
 
 def remeasure(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path,
-    deadline: float | None = None,
+    recs: list[TrialRecord], deadline: float | None = None,
 ) -> Verdict:
     """Measure the finalists again beside the baseline, in paired windows where they can be,
     in interleaved worker groups where not; remeasure.csv, and the verdict read from it."""
@@ -100,7 +101,8 @@ def remeasure(
         window.pop()  # the slowest first
     rows: list[dict[str, Any]] = []
     if window:
-        race = Race(ctx, baseline, window, deadline=deadline)
+        floor = noise_floor([r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value])
+        race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
         race.run()
         rows += race.rows
         if race.ended:
@@ -121,7 +123,7 @@ def remeasure(
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
           "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
-          "delta"]  # fmt: skip
+          "delta", "floor"]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
 
 

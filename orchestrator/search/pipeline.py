@@ -248,7 +248,7 @@ def _remeasure(
         f"of the best, at most {search.remeasure_top}), measured again beside the baseline",
         flush=True,
     )
-    return remeasure(ctx, base, chosen, out, deadline)
+    return remeasure(ctx, base, chosen, out, recs, deadline)
 
 
 def _context_info(context: SearchContext, topo: dict) -> RunInfo:

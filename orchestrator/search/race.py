@@ -55,11 +55,13 @@ class Entrant:
     """Why it left the race (None: still in)."""
     failures: int = 0
     """Windows of it that ended their worker group (hang, crash)."""
+    floor: float = 0.0
+    """The noise floor of its interval (``paired.noise_floor``)."""
 
     @property
     def paired(self) -> PairedRatio:
         done = sorted(set(self.windows) & set(self.baseline))
-        return PairedRatio(tuple(self.windows[k] / self.baseline[k] for k in done))
+        return PairedRatio(tuple(self.windows[k] / self.baseline[k] for k in done), self.floor)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class Race:
 
     def __init__(
         self, ctx: TrialContext, baseline: TrialRecord, finalists: list[TrialRecord],
-        say: Callable[[str], Any] = print, deadline: float | None = None,
+        say: Callable[[str], Any] = print, deadline: float | None = None, floor: float = 0.0,
     ) -> None:  # fmt: skip
         search = ctx.config.search
         self.ctx, self.say = ctx, say
@@ -85,6 +87,9 @@ class Race:
         self.steps = max(1, search.measure_steps // search.windows)
         self.base = self._entrant(baseline, BASELINE)
         self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
+        self.floor = floor
+        for entrant in self.entrants:
+            entrant.floor = floor
         self.slots: list[Slot] = []
         self.rows: list[dict[str, Any]] = []
         self.ended: str | None = None
@@ -271,6 +276,6 @@ class Race:
             m.PLACEMENT: outcome.get(m.PLACEMENT, ""), "pairing": WINDOW,
             "pair": "" if slot.pair is None else slot.pair,
             "against": "" if slot.against is None else slot.against.record.number,
-            "attempt": self.attempt,
+            "attempt": self.attempt, "floor": self.floor,
             "delta": self.delta,
         }  # fmt: skip

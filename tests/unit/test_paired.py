@@ -221,3 +221,17 @@ def test_a_hand_edited_remeasure_csv_is_read_without_raising() -> None:
     verdict = verdict_from_rows(rows)
     assert verdict.chosen is None and verdict.line()
 
+
+
+def test_the_noise_floor_keeps_lucky_agreement_from_deciding() -> None:
+    """Four pairs that happen to agree within 2% on a machine whose windows scatter by 8%
+    (the search measured it): without the floor a false keep, with it undecided."""
+    from orchestrator.paired import noise_floor
+
+    lucky = (1.05, 1.07, 1.06, 1.08)
+    assert decide(PairedRatio(lucky).low, PairedRatio(lucky).high, 0.02) == KEEP
+    floor = noise_floor([0.08, 0.07, 0.09])
+    assert floor == pytest.approx(0.08 * 2**0.5)
+    floored = PairedRatio(lucky, floor)
+    assert decide(floored.low, floored.high, 0.02) == UNDECIDED
+    assert noise_floor([]) == 0.0 and noise_floor([float("nan")]) == 0.0
