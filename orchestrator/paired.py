@@ -46,6 +46,9 @@ neighbour's burst hit one of its windows (30-50% off, where undisturbed pairs sc
 SPREAD_FLOOR = 0.02
 """The least spread the disturbance test assumes: a few pairs that happen to agree closely must
 not make an ordinary one an outlier."""
+OUTLIER_PAIRS = 5
+"""Pairs before any is called disturbed: the median absolute deviation of three or four is
+one of the others' own scatter, and would cast out an ordinary pair."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 
@@ -64,13 +67,14 @@ class PairedRatio:
 
     @property
     def disturbed(self) -> tuple[int, ...]:
-        """Which pairs are far from the others (from three pairs on)."""
-        if len(self.ratios) < 3:
+        """Which pairs are far from the others: from ``OUTLIER_PAIRS`` pairs on (fewer give no
+        robust spread), and never nearer than ``DISTURBED_SPREADS`` times the noise floor."""
+        if len(self.ratios) < OUTLIER_PAIRS:
             return ()
         logs = [math.log(r) for r in self.ratios]
         middle = statistics.median(logs)
         mad = MAD_SCALE * statistics.median(abs(x - middle) for x in logs)
-        limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR)
+        limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR, self.floor)
         return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit)
 
     @property
