@@ -61,7 +61,10 @@ class Neighbours:
     def __enter__(self) -> None:
         stop_at = time.monotonic() + 3600
         self.procs = [
-            multiprocessing.Process(target=_neighbour, args=(stop_at, self.seed + i), daemon=True)
+            # spawned, not forked: a fork of this Ray driver would print Ray's SIGTERM trace
+            multiprocessing.get_context("spawn").Process(
+                target=_neighbour, args=(stop_at, self.seed + i), daemon=True
+            )
             for i in range(os.cpu_count() or 1)
         ]
         for p in self.procs:
