@@ -125,16 +125,17 @@ def pair_order(pair: int) -> tuple[str, str]:
     return ("baseline", "finalist") if pair % 2 == 0 else ("finalist", "baseline")
 
 
-def floor_from_rows(rows: list[dict[str, str]]) -> float:
-    """The noise floor remeasure.csv records (0 where it records none)."""
+def recorded_fraction(rows: list[dict[str, str]], column: str, default: float) -> float:
+    """The first value in [0, 1) that remeasure.csv records in ``column`` (δ, the noise floor);
+    ``default`` where no row holds one (an older file, or a hand-edited one)."""
     for row in rows:
         try:
-            value = float(row.get("floor") or "nan")
+            value = float(row.get(column) or "nan")
         except ValueError:
             continue
         if 0 <= value < 1:
             return value
-    return 0.0
+    return default
 
 
 def ratios_from_rows(rows: list[dict[str, str]]) -> dict[int, tuple[list[float], list[float]]]:

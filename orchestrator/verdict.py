@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, floor_from_rows, ratios_from_rows
+from orchestrator.paired import MIN_PAIRS, PairedRatio, ratios_from_rows, recorded_fraction
 from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
@@ -315,11 +315,11 @@ def window_comparison(
 def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) -> Verdict:
     """remeasure.csv's verdict: its window-paired finalists and its group-paired runs judged
     together, against the δ the file records (``default_delta`` where it records none)."""
-    delta = _recorded_delta(rows, default_delta)
+    delta = recorded_fraction(rows, "delta", default_delta)
     group_rows = [r for r in rows if r.get("pairing", GROUP) in ("", GROUP)]
     runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
     grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
-    found, floor = ratios_from_rows(rows), floor_from_rows(rows)
+    found, floor = ratios_from_rows(rows), recorded_fraction(rows, "floor", 0.0)
     paired = [window_comparison(n, r, b, delta, floor) for n, (r, b) in found.items()]
     if not paired:
         return grouped
@@ -327,17 +327,6 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     spreads = [statistics.stdev(math.log(r) for r in c) for c in cleans if len(c) >= 2]
     spread = grouped.baseline_spread if runs else statistics.median(spreads or [0.0])
     return Verdict(_ranked(grouped.comparisons + paired), spread, grouped.disturbed, delta)
-
-
-def _recorded_delta(rows: list[dict[str, str]], default: float) -> float:
-    for row in rows:
-        try:
-            value = float(row.get("delta") or "nan")
-        except ValueError:
-            continue
-        if 0 <= value < 1:
-            return value
-    return default
 
 
 def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
