@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shutil
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from orchestrator.inputs import (
     read_yaml,
 )
 from orchestrator.placement import PACK, PLACEMENTS
+from orchestrator.sizes import check_sizes
 from orchestrator.storage_url import check_storage
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -76,8 +78,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "train.log_every": (1, _MAX_STEPS),
 }
 """Sane range of every number in the config (ints where both ends are ints)."""
-_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-"""Plain decimal numbers only: ``nan``, ``inf`` and ``1_000`` stay refused."""
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # not nan, inf, 1_000
 
 
 @dataclass
@@ -291,6 +292,8 @@ class Config:
     """Fixed environment variables for every trial's workers (allow-listed names only)."""
     tuned: dict[str, Any] = field(default_factory=dict)
     """Parameters chosen by a search (written into best.yaml); empty means defaults."""
+    sizes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """A tuned entry per world size (``orchestrator.sizes``): what a resized run switches to."""
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
@@ -339,6 +342,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     check_address(config.cluster.address)
     check_storage(config.search.storage)
     check_workload(config.workload)
+    config.sizes = check_sizes(config)
     return config
 
 
@@ -397,8 +401,6 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
 
 def default_preset() -> str:
     """``bert-large`` where this machine has a GPU, else the CPU demo that finishes in minutes."""
-    import shutil
-
     return "bert-large" if shutil.which("nvidia-smi") else "cpu-demo"
 
 

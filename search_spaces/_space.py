@@ -51,6 +51,20 @@ def _fill(text: str, values: Mapping[str, Any]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: str(values.get(m.group(1), m.group(0))), text)
 
 
+def _typed(param: Param, value: Any) -> Any:
+    """``value`` as the space types it: an env variable's text (``"4"``, ``"1"``) as the choice
+    NCCL reads the same way, or an integer."""
+    if not (param.is_env and isinstance(value, str)):
+        return value
+    for choice in param.values() if param.kind in ("categorical", "bool") else ():
+        if env_str(choice) == value:
+            return choice
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
 def _optuna_name(param: Param) -> str:
     return f"log2({param.name})" if param.kind == "pow2" else param.name
 
@@ -66,6 +80,7 @@ class SearchSpace:
         self._static = {**unsampled, **context.values()}
         self._inactive: dict[str, None] = {}
         self._known: dict[str, Param] = {}
+        self._specs = [(s.name, p) for s in specs for p in s.params]
         self._entries: list[_Entry] = []
         self._dropped: list[tuple[str, str]] = []
         dropped_specs: set[SpaceSpec] = set()  # by identity: two files may share a name
@@ -185,6 +200,48 @@ class SearchSpace:
                 f"default {param.default} does not divide {param.of}={of_value}",
             )
         return choices
+
+    def misfits(self, params: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+        """``(name, value, why)`` for each value of ``params`` this context cannot run: a
+        tuned configuration carried to another world size or layout (``train_fns.sizes``).
+        Env values may be given as NCCL reads them (strings). A default always fits; a param
+        outside these spaces is not judged; ``strategy`` is the caller's to fix."""
+        reasons = dict(self._dropped)
+        owners = {e.param.name: e for e in self._entries}
+        out: list[tuple[str, Any, str]] = []
+        for name, param in self._known.items():
+            value = _typed(param, params.get(name, param.default))
+            if name in owners or name == "strategy" or same_value(value, param.default):
+                continue
+            spec_name = next(s for s, p in self._specs if p is param)
+            why = reasons.get(name) or reasons.get(spec_name) or "inactive in this context"
+            out.append((name, value, why))
+        seen = {**self._static, **self._inactive}
+        for entry in self._entries:
+            param = entry.param
+            value = _typed(param, params.get(param.name, param.default))
+            why = self._misfit(entry, value, seen) if param.kind != "same_as" else None
+            if why is not None and not same_value(value, param.default):
+                out.append((param.name, value, why))
+                value = param.default
+            seen[param.name] = value
+        return out
+
+    def _misfit(self, entry: _Entry, value: Any, seen: Mapping[str, Any]) -> str | None:
+        """Why ``value`` of ``entry`` cannot run after the values ``seen`` (None: it can)."""
+        param = entry.param
+        if not all(c.evaluate(seen) is True for c in entry.conditions):
+            return _fill(param.why_inactive or entry.spec.why_inactive, seen) or (
+                "its condition is false here: " + " and ".join(c.text for c in entry.conditions)
+            )
+        if entry.choices and not any(same_value(c, value) for c in entry.choices):
+            if param.kind == "divisor":
+                return f"{value} does not divide {param.of}={seen.get(param.of)}"
+            why = self._why_not(param, value)  # None: outside the space's words, not judged
+            if why is not None:
+                return why
+        broken = [c for c in entry.constraints if not c.holds({**seen, param.name: value})]
+        return f"breaks {broken[0]}" if broken else None
 
     def dropped(self) -> list[tuple[str, str]]:
         """(space or param, reason) for what this context makes inactive, for the report."""

@@ -52,6 +52,12 @@ class RunSpec:
     report_every: int = 10
     progress_file: str | None = None
     """Rank 0 writes the last finished step here (a path the driver can read)."""
+    entries: dict[int, dict[str, Any]] | None = None
+    """The tuned entry per world size (``orchestrator.sizes.run_entries``): each start runs
+    the one for its size, fitted to its layout (``train_fns.sizes``). None: ``plan`` at every
+    size, re-split."""
+    fit_context: dict[str, Any] | None = None
+    """What fitting an entry reads of the run (``orchestrator.sizes.fit_context``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

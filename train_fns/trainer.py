@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from train_fns.gradients import layer_grad_norms
 from train_fns.loop import StepRunner, build_runner
 from train_fns.plan import TrialPlan
 from train_fns.ranks import reduce_over_ranks
+from train_fns.sizes import Fitted, apply_env, fit, gathered_layout, plan_of
 from train_fns.watchdog import Watchdog
 
 PHASE_COLUMNS = (m.DATA_S, m.OPTIM_S, m.EXPOSED_COMM_S, m.COMPUTE_S)
@@ -64,6 +66,7 @@ class ElasticTrainer:
         self.events: list[dict[str, Any]] = []
         self.layer_norms: dict[str, float] = {}
         self.pending: list[dict[str, Any]] = []
+        self.fitted: Fitted | None = None
 
     def run(self) -> None:
         saved = self._saved_state()
@@ -91,12 +94,25 @@ class ElasticTrainer:
         at the saved data position."""
         adaptive = saved.get("adaptive") or {}
         split = Split(**adaptive["split"]) if adaptive.get("split") else None
-        plan = plan_for_world(self.template, self.world, self.spec.max_micro_batch, split)
+        base = self._entry_plan() if self.spec.entries else self.template
+        plan = base and plan_for_world(base, self.world, self.spec.max_micro_batch, split)
         if plan is None:
             wait_for_split(self.spec, self.template, self.world, self._report_wait)
         return dataclasses.replace(
             plan, first_step=saved.get("step", 0), first_sample=saved.get("samples_seen", 0)
         )
+
+    def _entry_plan(self) -> TrialPlan | None:
+        """The tuned entry for this world size fitted to the layout the group got, its
+        variables set before the first NCCL collective; None where no split exists."""
+        entries = {int(size): entry for size, entry in (self.spec.entries or {}).items()}
+        layout = gathered_layout(self.world)
+        self.fitted = fit(entries, layout, self.spec.fit_context or {})
+        if self.fitted.split is None:
+            return None
+        names = {name for entry in entries.values() for name in entry.get("env") or {}}
+        apply_env(os.environ, self.fitted, names)
+        return plan_of(self.template, self.fitted, self.world)
 
     def _report_wait(self, metrics: dict[str, Any]) -> None:
         self.report(metrics, None)
@@ -122,7 +138,18 @@ class ElasticTrainer:
             "micro_batch": plan.micro_batch,
             "global_batch": plan.global_batch,
             "started_at": time.time(),
+            **self._entry_fields(),
         }
+
+    def _entry_fields(self) -> dict[str, Any]:
+        """Which tuned entry this start runs, what it drops here, what the search measured."""
+        fitted = self.fitted
+        if fitted is None:
+            return {}
+        dropped = [{"key": k, "value": v, "why": why} for k, v, why in fitted.dropped]
+        return {"entry_size": fitted.size, "dropped": dropped,
+                "entry_line": fitted.line(self.world),
+                "searched_samples_per_s": fitted.samples_per_s}  # fmt: skip
 
     def _train_step(self, runner: StepRunner, step: int) -> None:
         plan = runner.plan

@@ -42,6 +42,9 @@ class Summary:
     """fp16's loss scale at the last logged step (None without one)."""
     world_sizes: list[int] | None = None
     """Every world size the run trained at, sorted."""
+    by_size: list[dict[str, Any]] | None = None
+    """Per world size trained at: steps, median samples/s, the tuned entry that ran
+    (``entry_size``) and what the search measured for it (``searched_samples_per_s``)."""
     restarts: list[dict[str, Any]] | None = None
     """One per restart: reason, steps, world before and after, and the line printed."""
     warnings: list[str] | None = None

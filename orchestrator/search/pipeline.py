@@ -11,7 +11,6 @@ from pathlib import Path
 import optuna
 
 from orchestrator.config import Config, ConfigError, SearchConfig
-from orchestrator.placement import PlacementError, layout_for
 from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
@@ -38,6 +37,7 @@ from orchestrator.session import (
     start_ray,
     worker_topology,
 )
+from orchestrator.sizes import expected_layout
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
 from search_spaces import SearchContext, SpaceError
@@ -57,17 +57,8 @@ def search_context(config: Config, use_gpu: bool) -> SearchContext:
     workers span the nodes alive (those with a GPU), at most one node per worker."""
     import ray
 
-    cluster, nodes = config.cluster, ray.nodes()
-    try:
-        layout = layout_for(nodes, None, cluster.num_workers, cluster.cpus_per_worker, use_gpu,
-                            cluster.placement)  # fmt: skip
-    except PlacementError:  # autoscaling: the nodes it will place on are not up yet
-        alive = [n for n in nodes if n.get("Alive")]
-        if use_gpu:
-            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-        return context_for(config, use_gpu, max(1, min(len(alive), cluster.num_workers)))
-    counts = layout.ranks_per_node(cluster.num_workers)
-    return context_for(config, use_gpu, len(counts), even_nodes=len(set(counts)) == 1)
+    layout = expected_layout(config, use_gpu, config.cluster.num_workers, ray.nodes())
+    return context_for(config, use_gpu, layout.nodes, even_nodes=layout.even)
 
 
 def check_tuned_layout(config: Config, context: SearchContext) -> None:
@@ -213,9 +204,7 @@ def _seeds(ctx: TrialContext) -> list[dict]:
     if not seed_count(cfg):
         return []
     size = model_size(cfg)
-    seeds = search_seeds(
-        ctx.space, size, cfg.workload.seq_len, seed_count(cfg), ctx.link
-    )
+    seeds = search_seeds(ctx.space, size, cfg.workload.seq_len, seed_count(cfg), ctx.link)
     shown = "the probed link" if ctx.link else "nominal figures"
     print(f"cost model ({shown}): {len(seeds)} seed configuration(s) after the baseline")
     return seeds
@@ -227,9 +216,7 @@ def _evaluation(cfg: SearchConfig) -> str:
     return "cold evaluation: fresh workers for every configuration"
 
 
-def _remeasure(
-    ctx: TrialContext, recs: list, out: Path, deadline: float | None
-) -> Verdict | None:
+def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> Verdict | None:
     """Measure the finalists again beside the baseline (skipped when there is nothing to
     compare or the time budget is spent)."""
     base = baseline_record(recs, ctx.space.baseline())

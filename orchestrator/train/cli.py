@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
@@ -153,11 +154,23 @@ def print_summary(summary: Summary, out: Path) -> None:
         f"non-finite steps: {summary.nonfinite_steps} "
         f"({_figure(summary.nonfinite_rate, '.2%')}); loss scale {summary.loss_scale}"
     )
+    if len(summary.by_size or []) > 1 or any(s.get("entry_size") for s in summary.by_size or []):
+        for size in summary.by_size or []:
+            print(size_line(size))
     for warning in summary.warnings or []:
         print(f"warning: {warning}")
     if summary.error:
         print(f"commtune: the run failed: {summary.error}", file=sys.stderr)
     print(f"run folder: {out} ({', '.join((*TRAIN_FILES, EVENTS_JSONL))})")
+
+
+def size_line(size: dict[str, Any]) -> str:
+    """One world size of the run: steps, trained samples/s against the searched figure."""
+    searched = size.get("searched_samples_per_s")
+    against = f" (search measured {searched:.1f} for the entry for {size.get('entry_size')})"
+    return (f"  {size.get('world_size')} workers: {size.get('steps')} steps at "
+            f"{_figure(size.get('samples_per_s'), '.1f')} samples/s"
+            f"{against if searched else ''}")  # fmt: skip
 
 
 def _figure(value: float | None, spec: str) -> str:

@@ -25,6 +25,7 @@ from orchestrator.session import (
     resolve_gpu,
     start_ray,
 )
+from orchestrator.sizes import expected_layout, fit_context, fit_range, run_entries
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
@@ -58,7 +59,8 @@ def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSp
         plan=plan.to_dict(), steps=train.steps, checkpoint_every=train.checkpoint_every,
         max_micro_batch=plan.micro_batch, on_no_split=train.on_no_split, adaptive=adaptive,
         grad_norm_every=train.grad_norm_every, report_every=train.log_every,
-        progress_file=str(progress_file(out)),
+        progress_file=str(progress_file(out)), entries=run_entries(config),
+        fit_context=fit_context(config, use_gpu),
     )  # fmt: skip
     return spec, dict(config.env)
 
@@ -167,6 +169,22 @@ def check_runnable(config: Config, use_gpu: bool) -> None:
         raise ConfigError("--config", f"the tuned configuration cannot run here: {e}") from e
 
 
+def check_sizes_fit(config: Config, use_gpu: bool) -> None:
+    """Fit the tuned entries to every size of the run's range on the layout each would get
+    here, before a worker starts: a tuned value no size can run is a ConfigError naming it;
+    an elastic range prints what each size runs and drops (each start fits again to its
+    real layout and logs the same line)."""
+    import ray
+
+    low, high = worker_counts(config)
+    nodes = ray.nodes()
+    fitted = fit_range(config, use_gpu, range(low, high + 1),
+                       lambda world: expected_layout(config, use_gpu, world, nodes))  # fmt: skip
+    for world, entry in fitted.items():
+        if low != high or entry.dropped:
+            print(f"sizes: {entry.line(world)}", flush=True)
+
+
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
     """Start or join Ray, train to the end (or failure), return the summary."""
     import ray
@@ -180,6 +198,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
             config.cluster, num_workers=low)), use_gpu, placed=False)  # fmt: skip
         check_runnable(config, use_gpu)  # use_gpu: auto is known only now
+        check_sizes_fit(config, use_gpu)
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
         reports = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),

@@ -32,7 +32,12 @@ PROGRESS_COLUMNS = (
     "attempt", m.STEP, m.WALL_TIME, m.LOSS, m.SAMPLES_PER_S, m.STEP_TIME_S, m.WORLD_SIZE,
     m.ACCUMULATION_STEPS, m.MICRO_BATCH, m.GLOBAL_BATCH, m.SAMPLES_SEEN, m.DATA_S, m.OPTIM_S,
     m.EXPOSED_COMM_S, m.COMPUTE_S, m.GRAD_NORM, m.LOSS_SCALE, m.LR, m.CHECKPOINT_STEP,
+    "entry_size", "searched_samples_per_s",
 )  # fmt: skip
+"""``entry_size``: the world size whose tuned entry the step ran (``orchestrator.sizes``);
+``searched_samples_per_s``: what the search measured for that entry."""
+BELOW_SEARCHED = 0.8
+"""A size that trains below this share of what the search measured for its entry is flagged."""
 
 
 class RunRelay(UserCallback):
@@ -96,6 +101,8 @@ class RunLog:
     restarts: list[Restart] = field(default_factory=list)
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    entry: dict[str, Any] = field(default_factory=dict)
+    """The running start's entry: its size and what the search measured for it."""
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +159,9 @@ class RunLog:
         if self.alive_nodes is not None:
             self.nodes = self.alive_nodes()
         world, resumed = event["world_size"], event.get("resumed_from_step")
+        self.entry = {k: event.get(k) for k in ("entry_size", "searched_samples_per_s")}
+        if event.get("entry_line"):
+            print(f"entry: {event['entry_line']}", flush=True)
         if self.attempt == 1:
             where = f"resuming from step {resumed}" if resumed else "from step 0"
             print(f"training on {world} worker(s), {where}: accumulation "
@@ -179,7 +189,7 @@ class RunLog:
         if self.restarts and self.restarts[-1].first_step_at is None:
             self.restarts[-1].first_step_at = report[m.WALL_TIME]
         self.last_step = step
-        self.rows[step] = report
+        self.rows[step] = report = {**report, **self.entry}
         handle, writer = self._progress
         writer.writerow([self.attempt, *(report.get(c) for c in PROGRESS_COLUMNS[1:])])
         handle.flush()
@@ -225,10 +235,30 @@ class RunLog:
             nonfinite_rate=rate,
             loss_scale=rows[-1].get(m.LOSS_SCALE) if rows else None,
             world_sizes=sorted({r[m.WORLD_SIZE] for r in rows}),
+            by_size=self._by_size(rows),
             restarts=[vars(r) | {"line": r.line()} for r in self.restarts],
             warnings=list(self.warnings),
             error=error,
         )
+
+    def _by_size(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Per world size: the steps trained, their median samples/s, the entry that ran and
+        what the search measured for it; a size well below that is warned about."""
+        out = []
+        for world in sorted({r[m.WORLD_SIZE] for r in rows}):
+            mine = [r for r in rows if r[m.WORLD_SIZE] == world]
+            trained, searched = _median([r[m.SAMPLES_PER_S] for r in mine]), mine[-1].get(
+                "searched_samples_per_s")  # fmt: skip
+            out.append({"world_size": world, "steps": len(mine), "samples_per_s": trained,
+                        "entry_size": mine[-1].get("entry_size"),
+                        "searched_samples_per_s": searched})  # fmt: skip
+            if trained and searched and trained < BELOW_SEARCHED * searched:
+                self.warnings.append(
+                    f"{world} workers trained at {trained:.1f} samples/s, {trained / searched:.0%}"
+                    f" of the {searched:.1f} the search measured for its entry: another job on "
+                    "the nodes, a different placement, or a configuration worth searching there"
+                )
+        return out
 
     def close(self) -> None:
         for handle in (self._progress[0], self._norms[0], self._events):

@@ -1,0 +1,142 @@
+"""best.yaml's configuration per world size (``sizes``): checked when a config is read, handed
+to every worker of a training run, and fitted to every size of its elastic range before a
+worker starts (``train_fns.sizes`` fits them; each start fits again to the layout it got).
+
+A search over a range of world sizes writes one entry per size it tuned::
+
+    sizes:
+      1: {tuned: {...}, env: {...}, samples_per_s: 812.0, verdict: "no gain worth having ..."}
+      2: {tuned: {...}, env: {...}, samples_per_s: 1490.0, verdict: "keep: trial 5 is ..."}
+
+The top-level ``tuned`` and ``env`` stay what runs at ``cluster.num_workers`` (a reader that
+knows nothing of sizes, ``best.env``, a fixed-size run), and a hand-written entry is checked
+like them: known knobs of their kind, safe variables, a world size that carries the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.inputs import ConfigError, check_range, check_tuned
+from orchestrator.placement import PlacementError, layout_for
+from train_fns.sizes import Fitted, Layout, fit
+
+ENTRY_KEYS = ("tuned", "env", "samples_per_s", "verdict", "trial")
+
+
+def check_sizes(config: Any) -> dict[int, dict[str, Any]]:
+    """``config.sizes`` with integer keys and checked entries; a ConfigError names the first
+    key at fault (``sizes.3.tuned.bucket_cap_mb``) and how to fix it."""
+    from search_spaces import SpaceError, env_strings
+
+    out: dict[int, dict[str, Any]] = {}
+    for key, entry in config.sizes.items():
+        size = _size(key, config.workload.global_batch)
+        where = f"sizes.{size}"
+        if not isinstance(entry, dict):
+            raise ConfigError(where, f"expected a mapping with {', '.join(ENTRY_KEYS)}")
+        unknown = sorted(str(k) for k in entry if k not in ENTRY_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"{where}.{unknown[0]}", f"unknown key; known: {', '.join(ENTRY_KEYS)}"
+            )
+        tuned, env = entry.get("tuned") or {}, entry.get("env") or {}
+        if not isinstance(tuned, dict) or not isinstance(env, dict):
+            raise ConfigError(where, "tuned and env are mappings")
+        at_size = dataclasses.replace(config.cluster, num_workers=size)
+        try:
+            check_tuned(tuned, _Sized(at_size, config.workload, config.search))
+            env = env_strings(env, config.search.unsafe_nccl)
+        except ConfigError as e:
+            raise ConfigError(f"{where}.{e.key}", str(e).split(": ", 1)[1]) from e
+        except SpaceError as e:
+            raise ConfigError(f"{where}.env.{e.key}" if e.key else f"{where}.env", e.message) from e
+        if entry.get("samples_per_s") is not None:
+            check_range(f"{where}.samples_per_s", entry["samples_per_s"], 0.0, 1e12)
+        out[size] = {**entry, "tuned": dict(tuned), "env": env}
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sized:
+    """What ``check_tuned`` reads of a config, at an entry's world size."""
+
+    cluster: Any
+    workload: Any
+    search: Any
+
+
+def _size(key: Any, global_batch: int) -> int:
+    """A world size key (YAML may give ``"2"`` as text): positive, and carrying the batch."""
+    size = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"sizes.{key}", "a key is a world size: a whole number from 1")
+    if global_batch % size:
+        raise ConfigError(f"sizes.{size}", f"workload.global_batch={global_batch} cannot be split "
+                          f"over {size} workers; remove the entry or change the batch")  # fmt: skip
+    return size
+
+
+def run_entries(config: Any) -> dict[int, dict[str, Any]]:
+    """Every entry a run may pick from: ``sizes``, and the top level's at its own size."""
+    top = {"tuned": dict(config.tuned), "env": dict(config.env)}
+    return {config.cluster.num_workers: top, **config.sizes}
+
+
+def fit_context(config: Any, use_gpu: bool) -> dict[str, Any]:
+    """What the run fixes that fitting reads (``train_fns.sizes.fit``)."""
+    return {
+        "global_batch": config.workload.global_batch,
+        "strategy": config.strategy if config.strategy != "search" else "ddp",
+        "use_gpu": use_gpu,
+        "nvswitch": config.cluster.nvswitch,
+        "unsafe_nccl": config.search.unsafe_nccl,
+        "precision": config.workload.precision,
+        "lossy": config.search.lossy,
+        "unused_parameters": bool(config.workload.unused_parameters),
+    }
+
+
+def fit_range(
+    config: Any, use_gpu: bool, sizes: range, layout_of: Callable[[int], Layout]
+) -> dict[int, Fitted]:
+    """Each size's fitted entry under the layout it is expected to get. A tuned value that no
+    size of the range can run is a ConfigError naming it (the run would never use it: the
+    range or the value is a mistake); one some sizes cannot run is dropped there, and said."""
+    entries, context = run_entries(config), fit_context(config, use_gpu)
+    fitted = {world: fit(entries, layout_of(world), context) for world in sizes}
+    runnable = [f for f in fitted.values() if f.split is not None]
+    everywhere = (
+        set.intersection(*({k for k, _, _ in f.dropped} for f in runnable)) if runnable else set()
+    )
+    for key in sorted(everywhere):
+        value, why = next((v, w) for f in runnable for k, v, w in f.dropped if k == key)
+        section = (
+            "env"
+            if key in config.env or any(key in e["env"] for e in entries.values())
+            else "tuned"
+        )
+        raise ConfigError(
+            f"{section}.{key}",
+            f"{value} runs at no size of the range {sizes.start}:{sizes.stop - 1} ({why}); "
+            "remove it, or train over sizes that can run it",
+        )
+    return fitted
+
+
+def expected_layout(config: Any, use_gpu: bool, world: int, nodes: list[dict[str, Any]]) -> Layout:
+    """Where ``world`` ranks will sit on ``nodes`` (``ray.nodes()``) under the config's strict
+    placement. On a cluster that grows on demand, where the nodes it will place on are not up
+    yet, the ranks span the nodes alive (those with a GPU), at most one node per rank."""
+    cluster = config.cluster
+    try:
+        layout = layout_for(nodes, None, world, cluster.cpus_per_worker, use_gpu, cluster.placement)
+    except PlacementError:
+        alive = [n for n in nodes if n.get("Alive")]
+        if use_gpu:
+            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
+        return Layout(world, max(1, min(len(alive), world)))
+    counts = layout.ranks_per_node(world)
+    return Layout(world, len(counts), len(set(counts)) == 1)

@@ -1,0 +1,106 @@
+"""Tuned entries per world size: which one a size runs, what its layout cannot run, and the
+checks of a hand-written ``sizes`` section and of an elastic range (pure; no Ray, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.sizes import fit_context, fit_range
+from train_fns.sizes import Layout, fit, nearest
+
+GPU = {"global_batch": 48, "strategy": "fsdp", "use_gpu": True}
+CPU = {"global_batch": 48, "strategy": "ddp", "use_gpu": False}
+
+
+def test_a_size_runs_its_own_entry_else_the_nearest_the_smaller_of_two() -> None:
+    entries = {1: {}, 4: {}, 8: {}}
+    assert [nearest(entries, w) for w in (1, 2, 3, 4, 6, 7, 8, 16)] == [1, 1, 4, 4, 4, 8, 8, 8]
+
+
+def test_its_own_entry_keeps_its_split_another_size_resplits_up_to_its_micro_batch() -> None:
+    entries = {2: {"tuned": {"accumulation_steps": 2, "bucket_cap_mb": 1}}}  # micro 12
+    own = fit(entries, Layout(2), CPU)
+    assert own.split == (2, 12) and own.tuned["bucket_cap_mb"] == 1 and not own.dropped
+    one = fit(entries, Layout(1), CPU)
+    assert one.split == (4, 12) and one.size == 2
+    assert fit(entries, Layout(5), CPU).split is None  # 48 over 5 ranks: no exact split
+
+
+def test_hsdp_runs_on_even_nodes_and_is_dropped_on_one_or_uneven_ones() -> None:
+    entries = {4: {"tuned": {"strategy": "fsdp", "hsdp": True}}}
+    assert fit(entries, Layout(4, 2), GPU).tuned["hsdp"] is True
+    for layout in (Layout(4, 1), Layout(4, 2, even=False), Layout(2, 2)):
+        fitted = fit(entries, layout, GPU)
+        assert "hsdp" not in fitted.tuned, layout
+        assert [k for k, _, _ in fitted.dropped] == ["hsdp"]
+        assert "several nodes" in fitted.dropped[0][2]
+
+
+def test_an_integer_reshard_needs_a_divisor_below_the_world_size() -> None:
+    entries = {4: {"tuned": {"strategy": "fsdp", "reshard_after_forward": 2}}}
+    assert fit(entries, Layout(4), GPU).tuned["reshard_after_forward"] == 2
+    for world in (2, 3):
+        fitted = fit(entries, Layout(world), GPU)
+        assert "reshard_after_forward" not in fitted.tuned  # the plan's default: true
+        assert f"this run has {world}" in fitted.line(world)
+
+
+def test_multi_node_variables_are_dropped_on_one_node_and_every_one_on_gloo() -> None:
+    env = {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "2", "NCCL_ALGO": "allreduce:ring"}
+    entries = {4: {"tuned": {"strategy": "fsdp"}, "env": env}}
+    assert fit(entries, Layout(4, 2), GPU).env == env
+    one_node = fit(entries, Layout(4, 1), GPU)
+    assert one_node.env == {"NCCL_ALGO": "allreduce:ring"}
+    assert {k for k, _, _ in one_node.dropped} == {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}
+    assert fit(entries, Layout(2), {**GPU, "use_gpu": False}).env == {}
+    nvls = {4: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
+    on_one = fit(nvls, Layout(4, 1), {**GPU, "nvswitch": True})
+    assert on_one.env == {} and "several nodes" in on_one.dropped[0][2]
+
+
+def test_static_graph_is_dropped_where_the_new_split_accumulates() -> None:
+    entries = {4: {"tuned": {"static_graph": True}}}  # micro 12 at 4 ranks, accumulation 1
+    assert fit(entries, Layout(4), CPU).tuned["static_graph"] is True
+    fitted = fit(entries, Layout(2), CPU)  # 24 per rank, micro at most 12: accumulation 2
+    assert fitted.split == (2, 12) and "static_graph" not in fitted.tuned
+
+
+def test_defaults_and_values_outside_the_spaces_words_are_kept() -> None:
+    entries = {2: {"tuned": {"hsdp": False}, "env": {"NCCL_ALGO": "ring"}}}
+    fitted = fit(entries, Layout(2), {**GPU, "strategy": "ddp"})
+    assert fitted.tuned["hsdp"] is False and fitted.env == {"NCCL_ALGO": "ring"}
+    assert not fitted.dropped
+
+
+def _config(*sets: str):
+    return load_config(preset="cpu-demo", sets=list(sets))
+
+
+def test_a_hand_written_sizes_section_is_checked_key_by_key() -> None:
+    good = _config("sizes={2: {tuned: {bucket_cap_mb: 4}, samples_per_s: 90.5}}")
+    assert good.sizes == {2: {"tuned": {"bucket_cap_mb": 4}, "env": {}, "samples_per_s": 90.5}}
+    bad = {
+        "sizes={0: {tuned: {}}}": "sizes.0",
+        "sizes={2: {tuned: {bucket_cap: 4}}}": "sizes.2.tuned.bucket_cap",
+        "sizes={2: {tunned: {}}}": "sizes.2.tunned",
+        "sizes={7: {tuned: {}}}": "sizes.7",
+        "sizes={2: {env: {LD_PRELOAD: x.so}}}": "sizes.2.env",
+        "sizes={2: {tuned: {reshard_after_forward: 2}}}": "sizes.2.tuned.reshard_after_forward",
+        "sizes={2: {samples_per_s: -1}}": "sizes.2.samples_per_s",
+    }
+    for text, key in bad.items():
+        with pytest.raises(ConfigError) as e:
+            _config(text)
+        assert e.value.key.startswith(key), (text, e.value)
+
+
+def test_a_tuned_value_no_size_of_the_range_runs_is_refused_naming_it() -> None:
+    config = _config("strategy=fsdp", "tuned={strategy: fsdp, reshard_after_forward: 2}",
+                     "cluster.num_workers=4", "workload.global_batch=48")  # fmt: skip
+    fitted = fit_range(config, False, range(2, 5), lambda w: Layout(w))
+    assert [w for w, f in fitted.items() if f.dropped] == [2, 3]
+    with pytest.raises(ConfigError) as e:
+        fit_range(config, False, range(1, 4), lambda w: Layout(w))
+    assert e.value.key == "tuned.reshard_after_forward" and "1:3" in str(e.value)
+    assert fit_context(config, True)["use_gpu"] is True

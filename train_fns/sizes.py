@@ -1,0 +1,171 @@
+"""Which tuned configuration a world size runs, and what of it that size's layout cannot run.
+
+best.yaml may hold a configuration per world size (``sizes``), each searched at its size. A
+training run that (re)starts at a size runs its entry, or the nearest one, fitted to the layout
+it got: every tuned value the layout cannot run (a reshard group that does not divide, HSDP on
+one node, socket threads or an algorithm that needs several nodes) goes back to its default,
+by the same conditions the shipped search spaces put on the search, and each is named with why.
+The split is the entry's own at its size, else the largest micro-batch up to the entry's that
+divides the fixed global batch exactly. The driver fits every size of the elastic range before
+a worker starts (``orchestrator.sizes``); each start fits again to the layout it really got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, resplit
+
+FIT_SPACES = ("accumulation", "ddp", "fsdp", "nccl", "optimizer")
+"""The shipped spaces whose conditions say what a layout can run (the strategy is the entry's)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a group's ranks are: how many, on how many nodes, as many on each node or not."""
+
+    world: int
+    nodes: int = 1
+    even: bool = True
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """An entry carried to a layout: what runs, and what was dropped from it and why."""
+
+    size: int
+    """The world size the entry was tuned (and measured) at."""
+    tuned: dict[str, Any]
+    env: dict[str, str]
+    split: tuple[int, int] | None
+    """(accumulation_steps, micro_batch) at the layout's world size; None: none exists."""
+    dropped: tuple[tuple[str, Any, str], ...] = ()
+    samples_per_s: float | None = None
+    """What the search measured for the entry at its own size (None: not recorded)."""
+
+    def line(self, world: int) -> str:
+        """One line for the run log: which entry runs, the split, and what was dropped."""
+        source = "its own entry" if self.size == world else f"the entry for {self.size} workers"
+        measured = f", searched at {self.samples_per_s:.1f} samples/s" if self.samples_per_s else ""
+        split = "no exact split" if self.split is None else (
+            f"accumulation {self.split[0]} x micro-batch {self.split[1]}")  # fmt: skip
+        text = f"{world} workers run {source}{measured}: {split}"
+        if self.dropped:
+            text += "; dropped: " + "; ".join(f"{k}={v} ({why})" for k, v, why in self.dropped)
+        return text
+
+
+def nearest(sizes: Mapping[int, Any], world: int) -> int:
+    """The entry for ``world``: its own, else the nearest size (the smaller of two as near:
+    its micro-batch was measured to fit with fewer ranks to share the model's memory)."""
+    return min(sizes, key=lambda size: (abs(size - world), size))
+
+
+def entry_split(entry: Mapping[str, Any], size: int, global_batch: int) -> tuple[int, int]:
+    """(accumulation, micro-batch) the entry was tuned with at its own size."""
+    accumulation = int(entry.get("tuned", {}).get("accumulation_steps", 1))
+    return accumulation, max(1, global_batch // (size * accumulation))
+
+
+def fit(
+    entries: Mapping[int, Mapping[str, Any]], layout: Layout, context: Mapping[str, Any]
+) -> Fitted:
+    """The entry for ``layout.world`` fitted to the layout. ``context`` holds what the run
+    fixes (``global_batch``, ``strategy``, ``use_gpu``, ``nvswitch``, ``unsafe_nccl``,
+    ``precision``, ``lossy``, ``unused_parameters``)."""
+    size = nearest(entries, layout.world)
+    entry, global_batch = entries[size], int(context["global_batch"])
+    tuned, env = dict(entry.get("tuned") or {}), dict(entry.get("env") or {})
+    accumulation, micro = entry_split(entry, size, global_batch)
+    own = size == layout.world and global_batch == layout.world * accumulation * micro
+    split = (accumulation, micro) if own else resplit(global_batch, layout.world, micro)
+    measured = entry.get("samples_per_s")
+    fitted = Fitted(size, tuned, env, split, samples_per_s=measured and float(measured))
+    if split is None:
+        return fitted
+    tuned["accumulation_steps"] = split[0]
+    dropped = misfits(tuned, env, layout, context)
+    for key, _, _ in dropped:
+        if key in env:
+            del env[key]
+        else:
+            tuned.pop(key, None)  # the plan's default
+    return dataclasses.replace(fitted, tuned=tuned, env=env, dropped=tuple(dropped))
+
+
+def misfits(
+    tuned: Mapping[str, Any], env: Mapping[str, str], layout: Layout, context: Mapping[str, Any]
+) -> list[tuple[str, Any, str]]:
+    """(key, value, why) for each tuned value or variable ``layout`` cannot run."""
+    from search_spaces import SearchContext, SearchSpace, load_spaces
+
+    use_gpu = bool(context.get("use_gpu"))
+    space = SearchSpace(
+        load_spaces(FIT_SPACES),
+        SearchContext(
+            backend="nccl" if use_gpu else "gloo",
+            strategy_mode=str(tuned.get("strategy", context.get("strategy", "ddp"))),
+            use_gpu=use_gpu,
+            world_size=layout.world,
+            num_nodes=layout.nodes,
+            global_batch=int(context["global_batch"]),
+            nvswitch=bool(context.get("nvswitch")),
+            unsafe_nccl=bool(context.get("unsafe_nccl")),
+            precision=str(context.get("precision", "fp32")),
+            lossy=bool(context.get("lossy")),
+            unused_parameters=bool(context.get("unused_parameters")),
+            even_nodes=layout.even,
+        ),
+    )
+    found = space.misfits({**tuned, **env})
+    return [item for item in found if item[0] != "accumulation_steps"]  # the split's to choose
+
+
+def plan_of(template: TrialPlan, fitted: Fitted, world: int) -> TrialPlan:
+    """``template`` (the run's plan: model, data, measurement) with the fitted entry's knobs
+    and split at ``world`` workers. The split must exist (``fitted.split``)."""
+    assert fitted.split is not None, "no split: the caller waits for another size"
+    knobs = fitted.tuned
+    ddp, fsdp = options_from_knobs(model_knobs(knobs, template.unused_parameters))
+    accumulation, micro = fitted.split
+    return dataclasses.replace(
+        template, world_size=world, accumulation_steps=accumulation, micro_batch=micro,
+        strategy=str(knobs.get("strategy", template.strategy)), ddp=ddp, fsdp=fsdp,
+        activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
+        adamw_impl=knobs.get("adamw_impl"),
+    )  # fmt: skip
+
+
+def gathered_layout(world: int) -> Layout:
+    """This group's layout, the same on every rank: each rank's node is its local world
+    (``LOCAL_WORLD_SIZE``/``LOCAL_RANK``, as Ray Train and torchrun set them, as
+    ``strategies.fsdp_mesh`` reads them), gathered over the gloo side group, so that no NCCL
+    communicator exists before ``apply_env`` sets the entry's variables."""
+    import torch.distributed as dist
+
+    from train_fns.ranks import side_group
+
+    group = side_group()
+    if group is None:
+        return Layout(world)
+    rank = dist.get_rank()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    mine = (rank, local, int(os.environ.get("LOCAL_RANK", rank % local)))
+    layouts: list[tuple[int, int, int]] = [mine] * world
+    dist.all_gather_object(layouts, mine, group=group)
+    nodes = {r - local_rank for r, _, local_rank in layouts}
+    return Layout(world, len(nodes), len({n for _, n, _ in layouts}) == 1)
+
+
+def apply_env(environ: MutableMapping[str, str], fitted: Fitted, names: set[str]) -> None:
+    """Set the fitted entry's variables in this process before its first NCCL collective
+    (NCCL reads them when it makes the communicator, lazily, at the first collective), and
+    unset those of ``names`` (every entry's) that it does not set: the worker group started
+    with the configured size's."""
+    for name in names - set(fitted.env):
+        environ.pop(name, None)
+    environ.update(fitted.env)
