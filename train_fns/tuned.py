@@ -4,7 +4,7 @@ commtune's search writes ``best.yaml``; these three calls carry it into a loop c
 run (a Ray Train ``train_loop_per_worker`` of your own, or a torchrun script)::
 
     best = tuned.load("runs/my-study/best.yaml")
-    micro_batch, accumulation = tuned.split(best, world_size)   # the global batch stays fixed
+    micro_batch, accumulation = tuned.split(best, world_size)   # that size's entry, batch fixed
     model = tuned.wrap(model, best)            # DDP with the tuned buckets, or FSDP2 sharding
     trainer = TorchTrainer(..., run_config=RunConfig(
         worker_runtime_env={"env_vars": tuned.worker_env(best)}))  # NCCL reads them at start
@@ -23,7 +23,8 @@ import yaml
 from torch import nn
 
 from search_spaces import env_strings
-from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, resplit
+from train_fns.plan import TrialPlan, model_knobs, options_from_knobs
+from train_fns.sizes import Fitted, Layout, fit, gathered_layout
 
 Best = Mapping[str, Any]
 
@@ -36,39 +37,57 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def fitted(best: Best, world_size: int, num_nodes: int = 1) -> Fitted:
+    """The entry of ``best`` for ``world_size`` (its own in ``sizes``, else the nearest; the
+    top level is the entry for ``cluster.num_workers``) fitted to ``num_nodes`` nodes: what
+    ``orchestrator.train`` runs at that size (``train_fns.sizes``; ``fitted.line`` says it)."""
+    workload, search = best["workload"], best.get("search") or {}
+    cluster = best.get("cluster") or {}
+    top = int(cluster.get("num_workers", world_size))
+    entries = {top: {"tuned": best.get("tuned") or {}, "env": best.get("env") or {}}}
+    entries.update({int(size): entry for size, entry in (best.get("sizes") or {}).items()})
+    strategy = str(best.get("strategy", "ddp")).replace("search", "ddp")
+    context = {"global_batch": int(workload["global_batch"]), "strategy": strategy,
+               "use_gpu": torch.cuda.is_available(), "nvswitch": bool(cluster.get("nvswitch")),
+               "unsafe_nccl": bool(search.get("unsafe_nccl")), "lossy": bool(search.get("lossy")),
+               "precision": str(workload.get("precision", "fp32")),
+               "unused_parameters": bool(workload.get("unused_parameters"))}  # fmt: skip
+    even = world_size % num_nodes == 0
+    return fit(entries, Layout(world_size, num_nodes, even), context)
+
+
 def split(best: Best, world_size: int) -> tuple[int, int]:
     """``(micro_batch, accumulation_steps)`` for ``world_size`` workers, the global batch fixed:
-    the tuned split at the tuned world size, else the largest micro-batch up to the tuned one
+    the split of the size's entry at its size, else the largest micro-batch up to the entry's
     that divides exactly (what ``orchestrator.train`` does when the world resizes)."""
-    global_batch = int(best["workload"]["global_batch"])
-    accumulation = int(best.get("tuned", {}).get("accumulation_steps", 1))
-    tuned_world = int(best.get("cluster", {}).get("num_workers", world_size))
-    tuned_micro = global_batch // (tuned_world * accumulation)
-    if world_size == tuned_world and tuned_micro * tuned_world * accumulation == global_batch:
-        return tuned_micro, accumulation
-    found = resplit(global_batch, world_size, max(1, tuned_micro))
+    found = fitted(best, world_size).split
     if found is None:
         raise ValueError(
-            f"global_batch={global_batch} cannot be split over {world_size} workers; "
-            "use a world size that divides it"
+            f"global_batch={best['workload']['global_batch']} cannot be split over "
+            f"{world_size} workers; use a world size that divides it"
         )
     accumulation, micro = found
     return micro, accumulation
 
 
-def worker_env(best: Best) -> dict[str, str]:
+def worker_env(best: Best, world_size: int | None = None, num_nodes: int = 1) -> dict[str, str]:
     """The tuned environment variables, for ``RunConfig(worker_runtime_env={"env_vars": ...})``
     or the environment of a torchrun launch (every process must start with them), checked as
     every other route checks them (``search_spaces.env_strings``): a hand-edited best.yaml
-    cannot pass ``LD_PRELOAD`` or a YAML ``true`` that NCCL would read as 0."""
+    cannot pass ``LD_PRELOAD`` or a YAML ``true`` that NCCL would read as 0. With
+    ``world_size``, the variables of that size's entry that ``num_nodes`` nodes can run."""
     unsafe = bool((best.get("search") or {}).get("unsafe_nccl", False))
-    return env_strings(best.get("env") or {}, unsafe)
+    env = best.get("env") or {} if world_size is None else fitted(best, world_size, num_nodes).env
+    return env_strings(env, unsafe)
 
 
-def plan_for(best: Best, world_size: int) -> TrialPlan:
-    """The TrialPlan of ``best`` at ``world_size`` (what ``wrap`` applies)."""
-    knobs = best.get("tuned", {})
-    micro, accumulation = split(best, world_size)
+def plan_for(best: Best, world_size: int, num_nodes: int = 1) -> TrialPlan:
+    """The TrialPlan of ``best`` at ``world_size`` on ``num_nodes`` nodes (what ``wrap``
+    applies): that size's entry, fitted."""
+    entry = fitted(best, world_size, num_nodes)
+    if entry.split is None:
+        split(best, world_size)  # raises, saying why
+    knobs, (accumulation, micro) = entry.tuned, entry.split
     workload = best["workload"]
     ddp, fsdp = options_from_knobs(model_knobs(knobs, workload.get("unused_parameters")))
     return TrialPlan(
@@ -102,10 +121,11 @@ def wrap(
     from train_fns.strategies import wrap_model
 
     world = torch.distributed.get_world_size()
+    layout = gathered_layout(world)
     if device is None:
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return wrap_model(model, plan_for(best, world), device, blocks)
+    return wrap_model(model, plan_for(best, world, layout.nodes), device, blocks)
 
 
 def before_step(model: nn.Module) -> None:

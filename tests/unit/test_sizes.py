@@ -104,3 +104,20 @@ def test_a_tuned_value_no_size_of_the_range_runs_is_refused_naming_it() -> None:
         fit_range(config, False, range(1, 4), lambda w: Layout(w))
     assert e.value.key == "tuned.reshard_after_forward" and "1:3" in str(e.value)
     assert fit_context(config, True)["use_gpu"] is True
+
+
+def test_tuned_split_plan_and_env_pick_the_entry_for_the_world_size() -> None:
+    from train_fns import tuned
+
+    best = {
+        "workload": {"model": "bert-tiny", "global_batch": 48},
+        "cluster": {"num_workers": 4},
+        "tuned": {"strategy": "ddp", "accumulation_steps": 2, "bucket_cap_mb": 8},
+        "env": {"NCCL_SOCKET_NTHREADS": 4},
+        "sizes": {2: {"tuned": {"strategy": "ddp", "bucket_cap_mb": 2}, "env": {}}},
+    }
+    assert tuned.split(best, 4) == (6, 2) and tuned.plan_for(best, 4).ddp.bucket_cap_mb == 8
+    assert tuned.split(best, 2) == (24, 1) and tuned.plan_for(best, 2).ddp.bucket_cap_mb == 2
+    assert tuned.split(best, 3) == (16, 1) and tuned.fitted(best, 3).size == 2  # nearest: 2
+    assert tuned.worker_env(best) == {"NCCL_SOCKET_NTHREADS": "4"}  # the top level, unchanged
+    assert tuned.worker_env(best, 2) == {}
