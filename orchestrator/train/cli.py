@@ -166,11 +166,11 @@ def print_summary(summary: Summary, out: Path) -> None:
 
 def size_line(size: dict[str, Any]) -> str:
     """One world size of the run: steps, trained samples/s against the searched figure."""
-    searched = size.get("searched_samples_per_s")
-    against = f" (search measured {searched:.1f} for the entry for {size.get('entry_size')})"
+    searched, entry = size.get("searched_samples_per_s"), size.get("entry_size")
+    against = "" if searched is None else (
+        f" (search measured {searched:.1f} for the entry for {entry})")  # fmt: skip
     return (f"  {size.get('world_size')} workers: {size.get('steps')} steps at "
-            f"{_figure(size.get('samples_per_s'), '.1f')} samples/s"
-            f"{against if searched else ''}")  # fmt: skip
+            f"{_figure(size.get('samples_per_s'), '.1f')} samples/s{against}")  # fmt: skip
 
 
 def _figure(value: float | None, spec: str) -> str:

@@ -19,6 +19,9 @@ from _heads import ROOT, leftovers
 from _stalls import descendants
 
 SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
+SIZE_ONE = ("sizes={1: {tuned: {accumulation_steps: 4, activation_checkpointing: true}, "
+            "samples_per_s: 40.0}}")
+"""An entry for one worker, as a search over 1:2 writes it; the top level is the entry for 2."""
 
 
 def start(out: Path, *args: str) -> subprocess.Popen:
@@ -120,6 +123,7 @@ def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -
     process = start(
         tmp_path, "--steps", "240", "--workers", "1:2", "--address", cluster.address,
         "--set", "train.resize_check_s=2", "--set", "train.start_timeout_s=10",
+        "--set", "tuned={bucket_cap_mb: 1}", "--set", SIZE_ONE,
     )  # fmt: skip
     wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)
     removed_at = time.time()
@@ -134,9 +138,18 @@ def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -
     reasons = [r["reason"] for r in result["restarts"]]
     assert len(reasons) == 2 and reasons[1] == "node added: scaled up", reasons
     alone = [r for r in rows(tmp_path) if r["world_size"] == "1"]
-    assert {(r["global_batch"], r["accumulation_steps"], r["micro_batch"]) for r in alone} == {
-        ("16", "2", "8")  # one worker: the same global batch, accumulation doubled
+    assert {
+        (r["global_batch"], r["accumulation_steps"], r["micro_batch"], r["entry_size"])
+        for r in alone
+    } == {("16", "4", "4", "1")}  # one worker: its own entry's split
+    pair = [r for r in rows(tmp_path) if r["world_size"] == "2"]
+    assert {(r["accumulation_steps"], r["micro_batch"], r["entry_size"]) for r in pair} == {
+        ("1", "8", "2")  # two: the top level's, before the loss and after the node came back
     }
+    assert output.count("entry: 1 workers run its own entry, searched at 40.0") == 1, output
+    assert output.count("entry: 2 workers run its own entry") == 2, output
+    by_size = {s["world_size"]: s for s in result["by_size"]}
+    assert by_size[1]["searched_samples_per_s"] == 40.0 and by_size[2]["steps"] > 0
     print(
         f"node loss -> first step on 1 worker: {float(first_alone['wall_time']) - removed_at:.1f}s;"
         f" restarts: {[r['line'] for r in result['restarts']]}"

@@ -121,3 +121,12 @@ def test_tuned_split_plan_and_env_pick_the_entry_for_the_world_size() -> None:
     assert tuned.split(best, 3) == (16, 1) and tuned.fitted(best, 3).size == 2  # nearest: 2
     assert tuned.worker_env(best) == {"NCCL_SOCKET_NTHREADS": "4"}  # the top level, unchanged
     assert tuned.worker_env(best, 2) == {}
+
+
+def test_the_closing_line_of_a_size_reads_with_and_without_a_searched_figure() -> None:
+    from orchestrator.train.cli import size_line
+
+    plain = {"world_size": 2, "steps": 30, "samples_per_s": 210.0, "entry_size": 2}
+    assert size_line(plain) == "  2 workers: 30 steps at 210.0 samples/s"
+    searched = {**plain, "searched_samples_per_s": 250.0, "samples_per_s": None}
+    assert size_line(searched).endswith("n/a samples/s (search measured 250.0 for the entry for 2)")
