@@ -59,6 +59,14 @@ def _train(rank: int, world: int, spec: dict, resume: str | None, root: str, nod
         return runner, extra
 
     trainer_module.build_runner = recording
+    try:
+        rows = _run(rank, world, spec, resume, root)
+    finally:
+        trainer_module.build_runner = build
+    return {"rows": rows, "built": built}
+
+
+def _run(rank: int, world: int, spec: dict, resume: str | None, root: str) -> list[dict]:
     rows: list[dict] = []
 
     def report(batch: dict, directory: Path | None) -> None:
@@ -68,7 +76,11 @@ def _train(rank: int, world: int, spec: dict, resume: str | None, root: str, nod
 
     ElasticTrainer(RunSpec(**spec), rank, world, trainer_module.torch.device("cpu"), report,
                    None if resume is None else Path(resume)).run()  # fmt: skip
-    return {"rows": rows, "built": built}
+    return rows
+
+
+def _on_two_nodes_then_one(rank: int, world: int, spec: dict, root: str) -> list[dict]:
+    return [_train(rank, world, spec, None, f"{root}/{nodes}", nodes) for nodes in (2, 1)]
 
 
 def test_each_size_runs_its_entry_and_the_trajectory_is_the_unresized_ones(tmp_path) -> None:
@@ -93,12 +105,10 @@ def test_each_size_runs_its_entry_and_the_trajectory_is_the_unresized_ones(tmp_p
 def test_hsdp_tuned_on_two_nodes_runs_there_and_is_dropped_on_one(tmp_path) -> None:
     entries = {4: {"tuned": {"strategy": "fsdp", "hsdp": True}}}
     spec = _spec(2, entries, world=4, strategy="fsdp")
-    two_nodes = run_distributed(_train, spec, None, str(tmp_path / "a"), 2, world_size=4,
-                                timeout_s=300.0)[0]  # fmt: skip
+    two_nodes, one_node = run_distributed(_on_two_nodes_then_one, spec, str(tmp_path),
+                                          world_size=4, timeout_s=300.0)[0]  # fmt: skip
     assert two_nodes["built"] == [{"mesh": (2, 2)}]
     assert two_nodes["rows"][0][m.EVENTS][0]["dropped"] == []
-    one_node = run_distributed(_train, spec, None, str(tmp_path / "b"), 1, world_size=4,
-                               timeout_s=300.0)[0]  # fmt: skip
     assert one_node["built"] == [{"mesh": (4,)}]  # HSDP would raise in fsdp_mesh here
     dropped = one_node["rows"][0][m.EVENTS][0]["dropped"]
     assert [d["key"] for d in dropped] == ["hsdp"]
