@@ -80,9 +80,13 @@ def _size(key: Any, global_batch: int) -> int:
 
 
 def run_entries(config: Any) -> dict[int, dict[str, Any]]:
-    """Every entry a run may pick from: ``sizes``, and the top level's at its own size."""
+    """Every entry a run may pick from: ``sizes``, and the top level's at its own size. An
+    entry's variables lie over the top level's: one that names none keeps the fixed ones (a
+    site's interface names), and a variable a size cannot run is dropped there, and said."""
     top = {"tuned": dict(config.tuned), "env": dict(config.env)}
-    return {config.cluster.num_workers: top, **config.sizes}
+    entries = {size: {**entry, "env": {**config.env, **entry.get("env", {})}}
+               for size, entry in config.sizes.items()}  # fmt: skip
+    return {config.cluster.num_workers: top, **entries}
 
 
 def fit_context(config: Any, use_gpu: bool) -> dict[str, Any]:
@@ -108,21 +112,17 @@ def fit_range(
     entries, context = run_entries(config), fit_context(config, use_gpu)
     fitted = {world: fit(entries, layout_of(world), context) for world in sizes}
     runnable = [f for f in fitted.values() if f.split is not None]
-    everywhere = (
-        set.intersection(*({k for k, _, _ in f.dropped} for f in runnable)) if runnable else set()
-    )
-    for key in sorted(everywhere):
-        value, why = next((v, w) for f in runnable for k, v, w in f.dropped if k == key)
-        section = (
-            "env"
-            if key in config.env or any(key in e["env"] for e in entries.values())
-            else "tuned"
-        )
-        raise ConfigError(
-            f"{section}.{key}",
-            f"{value} runs at no size of the range {sizes.start}:{sizes.stop - 1} ({why}); "
-            "remove it, or train over sizes that can run it",
-        )
+    for size in sorted({f.size for f in runnable}):  # the entries the range runs
+        using = [f for f in runnable if f.size == size]
+        for key, value, why in using[0].dropped:
+            if all(key in {k for k, _, _ in f.dropped} for f in using):
+                where = "" if size == config.cluster.num_workers else f"sizes.{size}."
+                section = "env" if key in entries[size]["env"] else "tuned"
+                raise ConfigError(
+                    f"{where}{section}.{key}",
+                    f"{value} runs at no size of the range {sizes.start}:{sizes.stop - 1} that "
+                    f"runs this entry ({why}); remove it, or train over sizes that can run it",
+                )
     return fitted
 
 

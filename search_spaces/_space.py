@@ -201,17 +201,20 @@ class SearchSpace:
             )
         return choices
 
-    def misfits(self, params: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    def misfits(
+        self, params: Mapping[str, Any], given: Collection[str] = ()
+    ) -> list[tuple[str, Any, str]]:
         """``(name, value, why)`` for each value of ``params`` this context cannot run: a
         tuned configuration carried to another world size or layout (``train_fns.sizes``).
         Env values may be given as NCCL reads them (strings). A default always fits; a param
-        outside these spaces is not judged; ``strategy`` is the caller's to fix."""
+        outside these spaces is not judged; ``strategy`` and the names ``given`` are the
+        caller's to fix (their values are taken as they are)."""
         reasons = dict(self._dropped)
         owners = {e.param.name: e for e in self._entries}
         out: list[tuple[str, Any, str]] = []
         for name, param in self._known.items():
             value = _typed(param, params.get(name, param.default))
-            if name in owners or name == "strategy" or same_value(value, param.default):
+            if name in owners or name in ("strategy", *given) or same_value(value, param.default):
                 continue
             spec_name = next(s for s, p in self._specs if p is param)
             why = reasons.get(name) or reasons.get(spec_name) or "inactive in this context"
@@ -220,7 +223,8 @@ class SearchSpace:
         for entry in self._entries:
             param = entry.param
             value = _typed(param, params.get(param.name, param.default))
-            why = self._misfit(entry, value, seen) if param.kind != "same_as" else None
+            judged = param.kind != "same_as" and param.name not in given
+            why = self._misfit(entry, value, seen) if judged else None
             if why is not None and not same_value(value, param.default):
                 out.append((param.name, value, why))
                 value = param.default

@@ -87,14 +87,26 @@ def fit(
     fitted = Fitted(size, tuned, env, split, samples_per_s=measured and float(measured))
     if split is None:
         return fitted
+    always = never_runs({**tuned, "accumulation_steps": accumulation}, env, size, context)
     tuned["accumulation_steps"] = split[0]
-    dropped = misfits(tuned, env, layout, context)
+    dropped = [d for d in misfits(tuned, env, layout, context) if d[0] not in always]
     for key, _, _ in dropped:
         if key in env:
             del env[key]
         else:
             tuned.pop(key, None)  # the plan's default
     return dataclasses.replace(fitted, tuned=tuned, env=env, dropped=tuple(dropped))
+
+
+def never_runs(
+    tuned: Mapping[str, Any], env: Mapping[str, str], size: int, context: Mapping[str, Any]
+) -> set[str]:
+    """Keys the spaces judge unrunnable at the entry's own size on every layout it could have
+    (NCCL variables on gloo, an NVLS setting where ``cluster.nvswitch`` is not declared): not
+    the resize's to drop; they run as they ran before (inert, or the user knows better)."""
+    layouts = [Layout(size, n) for n in range(1, size + 1) if size % n == 0]
+    found = [{k for k, _, _ in misfits(tuned, env, layout, context)} for layout in layouts]
+    return set.intersection(*found)
 
 
 def misfits(
@@ -121,8 +133,15 @@ def misfits(
             even_nodes=layout.even,
         ),
     )
-    found = space.misfits({**tuned, **env})
-    return [item for item in found if item[0] != "accumulation_steps"]  # the split's to choose
+    found = space.misfits({**tuned, **env}, given=("accumulation_steps",))  # the split's
+    reshard = tuned.get("reshard_after_forward")
+    if type(reshard) is int and (layout.world % reshard or reshard >= layout.world):
+        found.append(("reshard_after_forward", reshard, f"resharding to {reshard} ranks needs a "
+                      f"world size that {reshard} divides, above {reshard}"))  # fmt: skip
+    first: dict[str, tuple[str, Any, str]] = {}
+    for item in found:
+        first.setdefault(item[0], item)
+    return list(first.values())
 
 
 def plan_of(template: TrialPlan, fitted: Fitted, world: int) -> TrialPlan:

@@ -44,8 +44,10 @@ def fitted(best: Best, world_size: int, num_nodes: int = 1) -> Fitted:
     workload, search = best["workload"], best.get("search") or {}
     cluster = best.get("cluster") or {}
     top = int(cluster.get("num_workers", world_size))
-    entries = {top: {"tuned": best.get("tuned") or {}, "env": best.get("env") or {}}}
-    entries.update({int(size): entry for size, entry in (best.get("sizes") or {}).items()})
+    fixed = best.get("env") or {}
+    entries = {top: {"tuned": best.get("tuned") or {}, "env": fixed}}
+    for size, entry in (best.get("sizes") or {}).items():  # as orchestrator.sizes.run_entries
+        entries[int(size)] = {**entry, "env": {**fixed, **(entry.get("env") or {})}}
     strategy = str(best.get("strategy", "ddp")).replace("search", "ddp")
     context = {"global_batch": int(workload["global_batch"]), "strategy": strategy,
                "use_gpu": torch.cuda.is_available(), "nvswitch": bool(cluster.get("nvswitch")),

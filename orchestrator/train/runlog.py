@@ -252,7 +252,8 @@ class RunLog:
             out.append({"world_size": world, "steps": len(mine), "samples_per_s": trained,
                         "entry_size": mine[-1].get("entry_size"),
                         "searched_samples_per_s": searched})  # fmt: skip
-            if trained and searched and trained < BELOW_SEARCHED * searched:
+            own = mine[-1].get("entry_size") == world  # measured at this size, comparable
+            if own and trained and searched and trained < BELOW_SEARCHED * searched:
                 self.warnings.append(
                     f"{world} workers trained at {trained:.1f} samples/s, {trained / searched:.0%}"
                     f" of the {searched:.1f} the search measured for its entry: another job on "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.sizes import fit_context, fit_range
+from orchestrator.sizes import fit_context, fit_range, run_entries
 from train_fns.sizes import Layout, fit, nearest
 
 GPU = {"global_batch": 48, "strategy": "fsdp", "use_gpu": True}
@@ -40,20 +40,24 @@ def test_hsdp_runs_on_even_nodes_and_is_dropped_on_one_or_uneven_ones() -> None:
 def test_an_integer_reshard_needs_a_divisor_below_the_world_size() -> None:
     entries = {4: {"tuned": {"strategy": "fsdp", "reshard_after_forward": 2}}}
     assert fit(entries, Layout(4), GPU).tuned["reshard_after_forward"] == 2
+    odd = {6: {"tuned": {"strategy": "fsdp", "reshard_after_forward": 3}}}  # not a choice
+    assert fit(odd, Layout(6), GPU).tuned["reshard_after_forward"] == 3
+    assert "reshard_after_forward" not in fit(odd, Layout(4), GPU).tuned
     for world in (2, 3):
         fitted = fit(entries, Layout(world), GPU)
         assert "reshard_after_forward" not in fitted.tuned  # the plan's default: true
         assert f"this run has {world}" in fitted.line(world)
 
 
-def test_multi_node_variables_are_dropped_on_one_node_and_every_one_on_gloo() -> None:
+def test_multi_node_variables_are_dropped_on_one_node_and_inert_ones_kept() -> None:
     env = {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "2", "NCCL_ALGO": "allreduce:ring"}
     entries = {4: {"tuned": {"strategy": "fsdp"}, "env": env}}
     assert fit(entries, Layout(4, 2), GPU).env == env
     one_node = fit(entries, Layout(4, 1), GPU)
     assert one_node.env == {"NCCL_ALGO": "allreduce:ring"}
     assert {k for k, _, _ in one_node.dropped} == {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}
-    assert fit(entries, Layout(2), {**GPU, "use_gpu": False}).env == {}
+    on_gloo = fit(entries, Layout(2), {**GPU, "use_gpu": False})  # inert at every size there:
+    assert on_gloo.env == env and not on_gloo.dropped  # not the resize's to drop
     nvls = {4: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
     on_one = fit(nvls, Layout(4, 1), {**GPU, "nvswitch": True})
     assert on_one.env == {} and "several nodes" in on_one.dropped[0][2]
@@ -104,6 +108,23 @@ def test_a_tuned_value_no_size_of_the_range_runs_is_refused_naming_it() -> None:
         fit_range(config, False, range(1, 4), lambda w: Layout(w))
     assert e.value.key == "tuned.reshard_after_forward" and "1:3" in str(e.value)
     assert fit_context(config, True)["use_gpu"] is True
+    hsdp = _config("strategy=fsdp", "sizes={4: {tuned: {strategy: fsdp, hsdp: true}}}",
+                   "cluster.num_workers=2", "workload.global_batch=48")  # fmt: skip
+    assert fit_range(hsdp, True, range(2, 5), lambda w: Layout(w, 2))[4].tuned["hsdp"] is True
+    with pytest.raises(ConfigError) as e:  # the range runs the entry for 4 on one node only
+        fit_range(hsdp, True, range(2, 5), lambda w: Layout(w))
+    assert e.value.key == "sizes.4.tuned.hsdp"
+
+
+def test_an_entry_without_variables_keeps_the_fixed_ones() -> None:
+    config = _config("env={NCCL_SOCKET_IFNAME: eth0}", "sizes={1: {tuned: {}}}")
+    assert run_entries(config)[1]["env"] == {"NCCL_SOCKET_IFNAME": "eth0"}
+
+
+def test_static_graph_is_dropped_however_many_steps_the_new_split_accumulates() -> None:
+    entries = {64: {"tuned": {"static_graph": True}}}  # 64 ranks of 1; 2 ranks accumulate 32
+    fitted = fit(entries, Layout(2), {**CPU, "global_batch": 64})
+    assert fitted.split == (32, 1) and "static_graph" not in fitted.tuned
 
 
 def test_tuned_split_plan_and_env_pick_the_entry_for_the_world_size() -> None:
@@ -120,7 +141,7 @@ def test_tuned_split_plan_and_env_pick_the_entry_for_the_world_size() -> None:
     assert tuned.split(best, 2) == (24, 1) and tuned.plan_for(best, 2).ddp.bucket_cap_mb == 2
     assert tuned.split(best, 3) == (16, 1) and tuned.fitted(best, 3).size == 2  # nearest: 2
     assert tuned.worker_env(best) == {"NCCL_SOCKET_NTHREADS": "4"}  # the top level, unchanged
-    assert tuned.worker_env(best, 2) == {}
+    assert tuned.worker_env(best, 2, num_nodes=2) == {"NCCL_SOCKET_NTHREADS": "4"}  # inherited
 
 
 def test_the_closing_line_of_a_size_reads_with_and_without_a_searched_figure() -> None:

@@ -92,9 +92,8 @@ def test_each_size_runs_its_entry_and_the_trajectory_is_the_unresized_ones(tmp_p
     one = run_distributed(_train, spec, str(tmp_path / "a" / "step_3"), str(tmp_path / "b"), 1,
                           world_size=1)[0]  # fmt: skip
     start = one["rows"][0][m.EVENTS][0]
-    # the entry for 1, not the one for 2; one rank syncs nothing, so its bucket size is inert
-    assert one["built"] == [{"bucket_mb": 25.0, "checkpointed": 2}]
-    assert [d["key"] for d in start["dropped"]] == ["bucket_cap_mb"]
+    # the entry for 1, not the one for 2 (its bucket size is inert on one rank, and kept)
+    assert one["built"] == [{"bucket_mb": 4.0, "checkpointed": 2}] and start["dropped"] == []
     assert (start["entry_size"], start["searched_samples_per_s"]) == (1, 50.0)
     assert (start["accumulation_steps"], start["micro_batch"]) == (1, 8)
     loss = {r[m.STEP]: r[m.LOSS] for r in whole["rows"]}
