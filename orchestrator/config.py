@@ -25,6 +25,7 @@ from orchestrator.inputs import (
     check_finite,
     check_name,
     check_range,
+    check_split,
     check_tuned,
     check_workload,
     parse_set,
@@ -314,13 +315,7 @@ class Config:
                 f"{self.cluster.num_workers} "
                 f"(e.g. {self.cluster.num_workers * max(1, per_worker)})",
             )
-        accumulation = self.tuned.get("accumulation_steps", 1)
-        if per_worker % accumulation:
-            raise ConfigError("tuned.accumulation_steps", f"{accumulation} does not divide the "
-                              f"per-worker batch {per_worker}; use a divisor of it")  # fmt: skip
-        if accumulation > 1 and self.tuned.get("static_graph"):
-            raise ConfigError("tuned.static_graph", "true breaks with accumulation in torch "
-                              "(pytorch#143580); set it false or accumulation_steps 1")  # fmt: skip
+        check_split(self.tuned, per_worker, "tuned")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

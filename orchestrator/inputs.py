@@ -92,6 +92,18 @@ def check_tuned(tuned: dict[str, Any], config: Any = None) -> None:
         _check_tuned_fit(tuned, config)
 
 
+def check_split(tuned: dict[str, Any], per_worker: int, key: str) -> None:
+    """The accumulation of ``tuned`` (at ``key``) divides the per-worker batch, and does not
+    meet ``static_graph``."""
+    accumulation = tuned.get("accumulation_steps", 1)
+    if per_worker % accumulation:
+        raise ConfigError(f"{key}.accumulation_steps", f"{accumulation} does not divide the "
+                          f"per-worker batch {per_worker}; use a divisor of it")  # fmt: skip
+    if accumulation > 1 and tuned.get("static_graph"):
+        raise ConfigError(f"{key}.static_graph", "true breaks with accumulation in torch "
+                          "(pytorch#143580); set it false or accumulation_steps 1")  # fmt: skip
+
+
 def _check_tuned_fit(tuned: dict[str, Any], config: Any) -> None:
     """Tuned values this config cannot run: refused here, not as a failed worker group."""
     workers, precision = config.cluster.num_workers, config.workload.precision
@@ -208,8 +220,10 @@ def check_report_path(out: Path, key: str = "--out") -> None:
     would replace the evidence it was drawn from)."""
     if out.is_dir():
         raise ConfigError(key, f"{out} is a folder; name a file such as {out / REPORT_HTML}")
-    if out.name in WRITTEN_FILES and out.name != REPORT_HTML or (
-        out.exists() and out.suffix.lower() not in (".html", ".htm")
+    if (
+        out.name in WRITTEN_FILES
+        and out.name != REPORT_HTML
+        or (out.exists() and out.suffix.lower() not in (".html", ".htm"))
     ):
         raise ConfigError(key, f"{out} would be overwritten with the report; name a new "
                           f".html file such as {out.parent / REPORT_HTML}")  # fmt: skip

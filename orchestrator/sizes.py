@@ -19,44 +19,90 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.inputs import ConfigError, check_range, check_tuned
+from orchestrator.inputs import ConfigError, check_range, check_split, check_tuned
 from orchestrator.placement import PlacementError, layout_for
 from train_fns.sizes import Fitted, Layout, fit
 
 ENTRY_KEYS = ("tuned", "env", "samples_per_s", "verdict", "trial")
+MAX_SIZE = 16_384
+"""The largest world size, as ``cluster.num_workers`` allows."""
 
 
 def check_sizes(config: Any) -> dict[int, dict[str, Any]]:
     """``config.sizes`` with integer keys and checked entries; a ConfigError names the first
-    key at fault (``sizes.3.tuned.bucket_cap_mb``) and how to fix it."""
-    from search_spaces import SpaceError, env_strings
-
+    key at fault (``sizes.3.tuned.bucket_cap_mb``) and how to fix it. A size given twice (``2``
+    in a file, ``--set sizes.2.samples_per_s=...`` as text) is one entry, the later's keys over
+    the earlier's."""
     out: dict[int, dict[str, Any]] = {}
     for key, entry in config.sizes.items():
         size = _size(key, config.workload.global_batch)
-        where = f"sizes.{size}"
         if not isinstance(entry, dict):
-            raise ConfigError(where, f"expected a mapping with {', '.join(ENTRY_KEYS)}")
-        unknown = sorted(str(k) for k in entry if k not in ENTRY_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"{where}.{unknown[0]}", f"unknown key; known: {', '.join(ENTRY_KEYS)}"
-            )
-        tuned, env = entry.get("tuned") or {}, entry.get("env") or {}
-        if not isinstance(tuned, dict) or not isinstance(env, dict):
-            raise ConfigError(where, "tuned and env are mappings")
-        at_size = dataclasses.replace(config.cluster, num_workers=size)
-        try:
-            check_tuned(tuned, _Sized(at_size, config.workload, config.search))
-            env = env_strings(env, config.search.unsafe_nccl)
-        except ConfigError as e:
-            raise ConfigError(f"{where}.{e.key}", str(e).split(": ", 1)[1]) from e
-        except SpaceError as e:
-            raise ConfigError(f"{where}.env.{e.key}" if e.key else f"{where}.env", e.message) from e
-        if entry.get("samples_per_s") is not None:
-            check_range(f"{where}.samples_per_s", entry["samples_per_s"], 0.0, 1e12)
-        out[size] = {**entry, "tuned": dict(tuned), "env": env}
+            raise ConfigError(f"sizes.{size}", f"expected a mapping of {', '.join(ENTRY_KEYS)}")
+        out[size] = _entry(config, size, _over(out.get(size), entry))
+    top = out.get(config.cluster.num_workers)
+    if top is not None and (top["tuned"] != config.tuned or top["env"] != config.env):
+        raise ConfigError(f"sizes.{config.cluster.num_workers}", "this size is cluster.num_workers"
+                          ", whose entry is the top-level tuned and env; make them the same, or "
+                          "remove it")  # fmt: skip
     return out
+
+
+def _over(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
+    """``later``'s keys over ``earlier``'s, its tuned and env values over theirs."""
+    if earlier is None:
+        return later
+    merged = {**earlier, **later}
+    for part in ("tuned", "env"):
+        if isinstance(later.get(part), dict):
+            merged[part] = {**earlier[part], **later[part]}
+    return merged
+
+
+def _entry(config: Any, size: int, entry: dict[str, Any]) -> dict[str, Any]:
+    """One checked entry: known keys, knobs of their kind that fit the size, variables as NCCL
+    reads them (only ``NCCL_`` ones may differ from the top level's)."""
+    from search_spaces import SpaceError, env_strings
+
+    where = f"sizes.{size}"
+    unknown = sorted(str(k) for k in entry if k not in ENTRY_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known: {', '.join(ENTRY_KEYS)}")
+    tuned, env = _mapping(entry, "tuned", where), _mapping(entry, "env", where)
+    at_size = dataclasses.replace(config.cluster, num_workers=size)
+    try:
+        check_tuned(tuned, _Sized(at_size, config.workload, config.search))
+        check_split(tuned, config.workload.global_batch // size, "tuned")
+        env = env_strings(env, config.search.unsafe_nccl)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e.key}", str(e).split(": ", 1)[1]) from e
+    except SpaceError as e:
+        raise ConfigError(f"{where}.env.{e.key}" if e.key else f"{where}.env", e.message) from e
+    for name, value in env.items():
+        if not name.startswith("NCCL_") and config.env.get(name) != value:
+            raise ConfigError(f"{where}.env.{name}", "only NCCL_ variables switch with the size "
+                              f"(a worker reads {name} as its process starts); set it in the "
+                              "top-level env")  # fmt: skip
+    _check_figures(entry, where)
+    return {**entry, "tuned": tuned, "env": env}
+
+
+def _mapping(entry: dict[str, Any], part: str, where: str) -> dict[str, Any]:
+    value = entry.get(part)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}.{part}", f"expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _check_figures(entry: dict[str, Any], where: str) -> None:
+    """What the search recorded of an entry: a throughput, a verdict line, a trial number."""
+    if entry.get("samples_per_s") is not None:
+        check_range(f"{where}.samples_per_s", entry["samples_per_s"], 0.0, 1e12)
+    if entry.get("trial") is not None:
+        check_range(f"{where}.trial", entry["trial"], 0, 10**9)
+    if entry.get("verdict") is not None and not isinstance(entry["verdict"], str):
+        raise ConfigError(f"{where}.verdict", f"expected a line of text, got {entry['verdict']!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +116,11 @@ class _Sized:
 
 def _size(key: Any, global_batch: int) -> int:
     """A world size key (YAML may give ``"2"`` as text): positive, and carrying the batch."""
-    size = int(key) if isinstance(key, str) and key.strip().isdigit() else key
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"sizes.{key}", "a key is a world size: a whole number from 1")
+    text = key.strip() if isinstance(key, str) else ""
+    size = int(text) if text.isascii() and text.isdigit() else key
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SIZE:
+        raise ConfigError(f"sizes.{key}", f"a key is a world size: a whole number from 1 to "
+                          f"{MAX_SIZE}")  # fmt: skip
     if global_batch % size:
         raise ConfigError(f"sizes.{size}", f"workload.global_batch={global_batch} cannot be split "
                           f"over {size} workers; remove the entry or change the batch")  # fmt: skip

@@ -225,6 +225,8 @@ class SearchSpace:
             value = _typed(param, params.get(param.name, param.default))
             judged = param.kind != "same_as" and param.name not in given
             why = self._misfit(entry, value, seen) if judged else None
+            if param.kind == "same_as" and any(name == param.of for name, _, _ in out):
+                why = f"it goes with {param.of}, dropped here"
             if why is not None and not same_value(value, param.default):
                 out.append((param.name, value, why))
                 value = param.default

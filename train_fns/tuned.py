@@ -37,7 +37,7 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def fitted(best: Best, world_size: int, num_nodes: int = 1) -> Fitted:
+def fitted(best: Best, world_size: int, num_nodes: int = 1, even: bool | None = None) -> Fitted:
     """The entry of ``best`` for ``world_size`` (its own in ``sizes``, else the nearest; the
     top level is the entry for ``cluster.num_workers``) fitted to ``num_nodes`` nodes: what
     ``orchestrator.train`` runs at that size (``train_fns.sizes``; ``fitted.line`` says it)."""
@@ -54,7 +54,7 @@ def fitted(best: Best, world_size: int, num_nodes: int = 1) -> Fitted:
                "unsafe_nccl": bool(search.get("unsafe_nccl")), "lossy": bool(search.get("lossy")),
                "precision": str(workload.get("precision", "fp32")),
                "unused_parameters": bool(workload.get("unused_parameters"))}  # fmt: skip
-    even = world_size % num_nodes == 0
+    even = world_size % num_nodes == 0 if even is None else even  # the nodes hold as many ranks
     return fit(entries, Layout(world_size, num_nodes, even), context)
 
 
@@ -83,10 +83,12 @@ def worker_env(best: Best, world_size: int | None = None, num_nodes: int = 1) ->
     return env_strings(env, unsafe)
 
 
-def plan_for(best: Best, world_size: int, num_nodes: int = 1) -> TrialPlan:
+def plan_for(
+    best: Best, world_size: int, num_nodes: int = 1, even: bool | None = None
+) -> TrialPlan:
     """The TrialPlan of ``best`` at ``world_size`` on ``num_nodes`` nodes (what ``wrap``
     applies): that size's entry, fitted."""
-    entry = fitted(best, world_size, num_nodes)
+    entry = fitted(best, world_size, num_nodes, even)
     if entry.split is None:
         split(best, world_size)  # raises, saying why
     knobs, (accumulation, micro) = entry.tuned, entry.split
@@ -127,7 +129,8 @@ def wrap(
     if device is None:
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return wrap_model(model, plan_for(best, world, layout.nodes), device, blocks)
+    plan = plan_for(best, world, layout.nodes, layout.even)
+    return wrap_model(model, plan, device, blocks)
 
 
 def before_step(model: nn.Module) -> None:

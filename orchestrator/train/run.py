@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Config, ConfigError
-from orchestrator.plans import plan_from_config, resolve_task
+from orchestrator.plans import check_reductions, plan_from_config, resolve_task
 from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.session import (
     alive_nodes,
@@ -29,7 +29,8 @@ from orchestrator.sizes import expected_layout, fit_context, fit_range, run_entr
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
-from train_fns.plan import InfeasiblePlan
+from train_fns.plan import InfeasiblePlan, TrialPlan
+from train_fns.sizes import Fitted, plan_of
 
 START, STEP = "start", "step"
 """Phases of a training run a stall is recorded in."""
@@ -180,9 +181,21 @@ def check_sizes_fit(config: Config, use_gpu: bool) -> None:
     nodes = ray.nodes()
     fitted = fit_range(config, use_gpu, range(low, high + 1),
                        lambda world: expected_layout(config, use_gpu, world, nodes))  # fmt: skip
+    template, _ = run_spec(config, resolve_task(config), use_gpu, Path("."))
     for world, entry in fitted.items():
+        if entry.split is not None:
+            _check_plan(TrialPlan.from_dict(template.plan), entry, world)
         if low != high or entry.dropped:
             print(f"sizes: {entry.line(world)}", flush=True)
+
+
+def _check_plan(template: TrialPlan, entry: Fitted, world: int) -> None:
+    """The fitted entry builds a plan at ``world`` whose reductions its NCCL_ALGO runs."""
+    where = f"sizes.{entry.size}" if entry.size != template.world_size else "tuned"
+    try:
+        check_reductions(plan_of(template, entry, world), entry.env)
+    except InfeasiblePlan as e:
+        raise ConfigError(where, f"at {world} workers: {e}") from e
 
 
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:

@@ -111,12 +111,17 @@ class RunLog:
         self._events = (self.out / EVENTS_JSONL).open("a")
 
     def _csv(self, name: str, columns: tuple) -> Any:
+        """``name`` opened to append rows of ``columns``; a file an older version wrote with
+        other columns (a resumed run) is rewritten under these first, its rows kept."""
         path = self.out / name
-        new = not path.exists()
-        handle = path.open("a", newline="")
+        old = list(csv.DictReader(path.open(newline=""))) if path.exists() else None
+        if old is not None and old and list(old[0]) == list(columns):
+            old = None  # the same columns: append
+        handle = path.open("a" if old is None and path.exists() else "w", newline="")
         writer = csv.writer(handle)
-        if new:
+        if handle.mode == "w":
             writer.writerow(columns)
+            writer.writerows([[row.get(c) for c in columns] for row in old or []])
         return handle, writer
 
     def take(self, item: dict[str, Any]) -> None:

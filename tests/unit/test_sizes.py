@@ -82,21 +82,33 @@ def _config(*sets: str):
 
 
 def test_a_hand_written_sizes_section_is_checked_key_by_key() -> None:
-    good = _config("sizes={2: {tuned: {bucket_cap_mb: 4}, samples_per_s: 90.5}}")
-    assert good.sizes == {2: {"tuned": {"bucket_cap_mb": 4}, "env": {}, "samples_per_s": 90.5}}
+    good = _config("sizes={1: {tuned: {bucket_cap_mb: 4}, samples_per_s: 90.5}}")
+    assert good.sizes == {1: {"tuned": {"bucket_cap_mb": 4}, "env": {}, "samples_per_s": 90.5}}
     bad = {
         "sizes={0: {tuned: {}}}": "sizes.0",
-        "sizes={2: {tuned: {bucket_cap: 4}}}": "sizes.2.tuned.bucket_cap",
-        "sizes={2: {tunned: {}}}": "sizes.2.tunned",
+        "sizes={'²': {tuned: {}}}": "sizes.²",
+        "sizes={1048576: {tuned: {}}}": "sizes.1048576",
+        "sizes={1: {tuned: {bucket_cap: 4}}}": "sizes.1.tuned.bucket_cap",
+        "sizes={1: {tunned: {}}}": "sizes.1.tunned",
+        "sizes={1: {tuned: []}}": "sizes.1.tuned",
+        "sizes={1: {env: 0}}": "sizes.1.env",
         "sizes={7: {tuned: {}}}": "sizes.7",
-        "sizes={2: {env: {LD_PRELOAD: x.so}}}": "sizes.2.env",
-        "sizes={2: {tuned: {reshard_after_forward: 2}}}": "sizes.2.tuned.reshard_after_forward",
-        "sizes={2: {samples_per_s: -1}}": "sizes.2.samples_per_s",
+        "sizes={1: {env: {LD_PRELOAD: x.so}}}": "sizes.1.env",
+        "sizes={1: {env: {GLOO_SOCKET_IFNAME: eth1}}}": "sizes.1.env.GLOO_SOCKET_IFNAME",
+        "sizes={1: {tuned: {reshard_after_forward: 2}}}": "sizes.1.tuned.reshard_after_forward",
+        "sizes={1: {tuned: {accumulation_steps: 3}}}": "sizes.1.tuned.accumulation_steps",
+        "sizes={1: {tuned: {accumulation_steps: 2, static_graph: true}}}": "sizes.1.tuned.static",
+        "sizes={1: {samples_per_s: -1}}": "sizes.1.samples_per_s",
+        "sizes={1: {verdict: [1, 2]}}": "sizes.1.verdict",
+        "sizes={1: {trial: -5}}": "sizes.1.trial",
+        "sizes={2: {tuned: {bucket_cap_mb: 4}}}": "sizes.2",  # the top level's size, unlike it
     }
     for text, key in bad.items():
         with pytest.raises(ConfigError) as e:
             _config(text)
         assert e.value.key.startswith(key), (text, e.value)
+    both = _config("sizes={1: {tuned: {bucket_cap_mb: 4}}}", "sizes.1.samples_per_s=80")
+    assert both.sizes[1]["tuned"] == {"bucket_cap_mb": 4} and both.sizes[1]["samples_per_s"] == 80
 
 
 def test_a_tuned_value_no_size_of_the_range_runs_is_refused_naming_it() -> None:
@@ -151,3 +163,20 @@ def test_the_closing_line_of_a_size_reads_with_and_without_a_searched_figure() -
     assert size_line(plain) == "  2 workers: 30 steps at 210.0 samples/s"
     searched = {**plain, "searched_samples_per_s": 250.0, "samples_per_s": None}
     assert size_line(searched).endswith("n/a samples/s (search measured 250.0 for the entry for 2)")
+
+
+def test_a_resumed_run_rewrites_an_older_progress_csv_under_the_new_columns(tmp_path) -> None:
+    import csv
+
+    from orchestrator.train.runlog import PROGRESS_COLUMNS, RunLog
+
+    older = PROGRESS_COLUMNS[:-2]  # written before the entry columns existed
+    (tmp_path / "progress.csv").write_text(
+        ",".join(older) + "\n" + "1,5" + "," * (len(older) - 2) + "\n"
+    )
+    RunLog(tmp_path, steps=10, log_every=5).close()
+    rows = list(csv.DictReader((tmp_path / "progress.csv").open()))
+    assert list(rows[0]) == list(PROGRESS_COLUMNS) and rows[0]["step"] == "5"
+    assert rows[0]["entry_size"] == ""
+    RunLog(tmp_path, steps=10, log_every=5).close()  # the same columns now: appended to, as is
+    assert len(list(csv.DictReader((tmp_path / "progress.csv").open()))) == 1
