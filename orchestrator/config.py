@@ -32,7 +32,7 @@ from orchestrator.inputs import (
     read_yaml,
 )
 from orchestrator.placement import PACK, PLACEMENTS
-from orchestrator.sizes import check_sizes
+from orchestrator.sizes import check_sizes, check_world_sizes
 from orchestrator.storage_url import check_storage
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -63,6 +63,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "search.group_size": (1, 10_000),
     "search.concurrency": (1, 1024),
     "search.cost_model_seeds": (0, 1000),
+    "search.world_sizes": (1, _MAX_WORKERS),  # each of them
     "train.steps": (1, _MAX_STEPS),
     "train.checkpoint_every": (1, _MAX_STEPS),
     "train.min_workers": (1, _MAX_WORKERS),
@@ -186,6 +187,8 @@ class SearchConfig:
     verdict_pairs: int = 10
     """Window pairing: the most baseline/finalist window pairs a finalist gets before the
     verdict says "too noisy to decide" (it stops as soon as it decides)."""
+    world_sizes: list[int] = field(default_factory=list)
+    """Tune each size (``--workers MIN:MAX``), an entry per size in best.yaml; []: one size."""
     scaling_baseline: bool = True
     """Measure the baseline once on a single worker, for scaling efficiency
     ``throughput(N) / (N x throughput(1))``."""
@@ -325,8 +328,9 @@ def _check_bounds(section: Any, name: str) -> None:
     """Every number of a section within BOUNDS (a typo'd 10^9 batch is refused, not run)."""
     for f in dataclasses.fields(section):
         key, value = f"{name}.{f.name}", getattr(section, f.name)
-        if key in BOUNDS and value is not None:
-            check_range(key, value, *BOUNDS[key])
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if key in BOUNDS and item is not None:
+                check_range(f"{key}[{i}]" if isinstance(value, list) else key, item, *BOUNDS[key])
 
 
 def from_dict(data: dict[str, Any]) -> Config:
@@ -338,6 +342,7 @@ def from_dict(data: dict[str, Any]) -> Config:
     check_storage(config.search.storage)
     check_workload(config.workload)
     config.sizes = check_sizes(config)
+    check_world_sizes(config)
     return config
 
 

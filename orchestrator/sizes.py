@@ -47,6 +47,38 @@ def check_sizes(config: Any) -> dict[int, dict[str, Any]]:
     return out
 
 
+def check_world_sizes(config: Any) -> None:
+    """``search.world_sizes``: distinct sizes that carry the global batch, the largest being
+    ``cluster.num_workers`` (its search is the primary one, in the run folder itself)."""
+    sizes, batch = config.search.world_sizes, config.workload.global_batch
+    for i, size in enumerate(sizes):  # each within BOUNDS already
+        if batch % size:
+            raise ConfigError(f"search.world_sizes[{i}]", f"{size} workers cannot carry "
+                              f"workload.global_batch={batch}; leave it out")  # fmt: skip
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError("search.world_sizes", f"{sizes} names a size twice")
+    top = max(sizes, default=config.cluster.num_workers)
+    if top != config.cluster.num_workers:
+        raise ConfigError("cluster.num_workers", f"{config.cluster.num_workers}, but the largest "
+                          f"of search.world_sizes is {top}; set it to {top}")  # fmt: skip
+
+
+def sizes_to_tune(low: int, high: int, global_batch: int) -> list[int]:
+    """The sizes of ``low:high`` worth a search, largest first: the two ends (where a run
+    starts and where it shrinks to) and the powers of two between (the usual node multiples),
+    each one that carries the global batch exactly."""
+    between = [2**k for k in range(high.bit_length()) if low < 2**k < high]
+    return sorted({s for s in (low, high, *between) if global_batch % s == 0}, reverse=True)
+
+
+def workers_range(text: str) -> tuple[int, int]:
+    """``--workers MIN:MAX`` as two integers, 1 <= MIN <= MAX."""
+    low, sep, high = text.partition(":")
+    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
+        raise ConfigError("--workers", f"{text!r} is not MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4")
+    return int(low), int(high)
+
+
 def _over(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
     """``later``'s keys over ``earlier``'s, its tuned and env values over theirs."""
     if earlier is None:

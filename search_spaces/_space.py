@@ -321,6 +321,14 @@ class SearchSpace:
         """Every active param at its library default: trial 0, the untouched setup."""
         return self._expand(lambda e, seen: [e.param.default], 1)[0]
 
+    def point(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The configuration ``values`` names (tuned knobs, variables as NCCL reads them) as
+        a point of this space, each active param not named at its default; for seeding a
+        search with what another size found (``misfits`` must be empty first)."""
+        return self._expand(
+            lambda e, seen: [_typed(e.param, values.get(e.param.name, e.param.default))], 1
+        )[0]
+
     def _grid_values(self, entry: _Entry, seen: Mapping[str, Any], limit: int) -> list[Any]:
         if entry.choices:
             return list(entry.choices)

@@ -20,6 +20,7 @@ from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
 from orchestrator.search.context import space_for
 from orchestrator.session import check_ray_address
+from orchestrator.sizes import sizes_to_tune, workers_range
 from train_fns.plan import FAULT_KINDS
 
 
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="override one key, e.g. --set search.trials=8 (repeatable)",
     )
     p.add_argument("--trials", type=int, help="total trials, baseline included")
+    p.add_argument("--workers", metavar="MIN:MAX", help="tune each world size an elastic run "
+                   "may have (the ends, the powers of two between): an entry per size")  # fmt: skip
     p.add_argument("--out", help="output folder (default: runs/<name>)")
     p.add_argument(
         "--storage",
@@ -112,6 +115,11 @@ def _settings(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
         if value is not None:  # a string option stays a string (YAML made a dict of "x:")
             sets.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
     config = load_config(args.config, args.preset, sets)
+    if args.workers:  # the sizes depend on the global batch the config gives
+        low, high = workers_range(args.workers)
+        sizes = sizes_to_tune(low, high, config.workload.global_batch)
+        sets += [f"cluster.num_workers={high}", f"search.world_sizes={json.dumps(sizes)}"]
+        config = load_config(args.config, args.preset, sets)
     space_for(config, use_gpu=False, num_nodes=1)  # a mistake in the spaces stops before Ray
     _check_dry_run_options(args, config)
     faults = parse_faults(args.inject_faults)
@@ -157,9 +165,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
         return _with_model(config), out, faults
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")
-    if not args.resume and any(
-        (out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV)
-    ):
+    if not args.resume and any((out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV)):
         raise ConfigError(
             "--out",
             f"{out} already holds a study; pass --resume to continue it or choose another --out",
@@ -205,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         from orchestrator.search.pipeline import run_search
+        from orchestrator.search.ranged import run_range
 
         budget = config.search.time_budget_min
         deadline = time.time() + budget * 60 if budget else None
-        lines, baseline_failed = run_search(
-            config, out, faults, resume=args.resume, verbose=args.verbose, deadline=deadline
-        )
+        search = run_range if config.search.world_sizes else run_search
+        lines, baseline_failed = search(config, out, faults, args.resume, args.verbose, deadline)
     except ConfigError as e:  # found only once the cluster is known (e.g. too few resources)
         print(f"commtune: error: {e}", file=sys.stderr)
         return 2
@@ -228,5 +234,3 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
-
-

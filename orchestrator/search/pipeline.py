@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -37,11 +38,12 @@ from orchestrator.session import (
     start_ray,
     worker_topology,
 )
-from orchestrator.sizes import expected_layout
+from orchestrator.sizes import expected_layout, fit_context
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
 from search_spaces import SearchContext, SpaceError
 from train_fns.ranks import nccl_version
+from train_fns.sizes import Layout, fit
 
 log = logging.getLogger("commtune")
 INTERRUPTED_WHY = "the search was stopped (Ctrl-C) before this trial ended; --resume runs it"
@@ -79,9 +81,11 @@ def run_search(
     resume: bool,
     verbose: bool,
     deadline: float | None = None,
+    carried: tuple[dict[str, Any], ...] = (),
 ) -> tuple[list[str], str | None]:
     """The whole search; returns the closing lines and, when the baseline did not complete,
-    why (None when it did)."""
+    why (None when it did). ``carried``: configurations another world size found best
+    (``{"tuned", "env", "size"}``), tried right after the baseline, fitted to this size."""
     import ray
 
     quiet_libraries(verbose)
@@ -104,7 +108,8 @@ def run_search(
             without_password(config), space, use_gpu, storage_dir(out), task, faults, link
         )
         storage = study.open_storage(config, out)
-        ran = _tune(ctx, storage, resume, out, deadline)
+        seeds = carried_seeds(ctx, carried)
+        ran = _tune(ctx, storage, resume, out, deadline, seeds)
         recs = records(optuna.load_study(study_name=config.name, storage=storage))
         update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
         lines = write_outputs(recs, config, space, out)  # written before re-measuring
@@ -131,8 +136,10 @@ def _tune(
     resume: bool,
     out: Path,
     deadline: float | None,
+    seeds: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
 ) -> bool:
-    """Run the trials still owed; False when there were none (outputs are only rewritten)."""
+    """Run the trials still owed, ``seeds`` first after the baseline; False when there were
+    none (outputs are only rewritten)."""
     config, space = ctx.config, ctx.space
     existing = study.load(storage, config.name)
     if existing is not None and not resume:
@@ -171,7 +178,7 @@ def _tune(
                             and all(t.params != baseline for t in queued)):  # fmt: skip
         # a new study, or one whose baseline failed: the fix is what --resume is for
         the_study.enqueue_trial(baseline)
-    proposer = Proposer(space, cfg.sampler, cfg.trials, _seeds(ctx))
+    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)])
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
         f"({config.workload.entrypoint or config.workload.model}, {config.cluster.num_workers} "
@@ -196,6 +203,27 @@ def _tune(
               "ended; --resume runs them", flush=True)  # fmt: skip
     add_search_wall(out, time.monotonic() - started)
     return True
+
+
+def carried_seeds(ctx: TrialContext, carried: tuple[dict[str, Any], ...]) -> list[dict]:
+    """Points of this search's space for what other sizes found best, fitted to this size's
+    layout (``train_fns.sizes``); one this space cannot hold is left out, and said."""
+    context, seeds = ctx.space.context, []
+    layout = Layout(context.world_size, context.num_nodes, context.even_nodes)
+    for entry in carried:
+        fitted = fit({entry["size"]: entry}, layout, fit_context(ctx.config, ctx.use_gpu))
+        if fitted.split is None:
+            continue
+        values = {**fitted.tuned, **fitted.env}
+        misfit = ctx.space.misfits(values)
+        if misfit:
+            print(f"carried from {entry['size']} workers: left out ({misfit[0][0]}="
+                  f"{misfit[0][1]}: {misfit[0][2]})", flush=True)  # fmt: skip
+            continue
+        seeds.append(ctx.space.point(values))
+        print(f"carried from {entry['size']} workers: {fitted.line(context.world_size)}",
+              flush=True)  # fmt: skip
+    return seeds
 
 
 def _seeds(ctx: TrialContext) -> list[dict]:

@@ -23,6 +23,7 @@ from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, TRAIN_FILES, TRAIN_RUN_NAME, Summary
 from orchestrator.session import check_ray_address
+from orchestrator.sizes import workers_range
 from train_fns.elastic import read_state
 from train_fns.metrics import STATE_FILE
 
@@ -45,13 +46,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
     p.add_argument("--verbose", action="store_true", help="show Ray and worker logs")
     return p.parse_args(argv)
-
-
-def workers_range(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition(":")
-    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
-        raise ConfigError("--workers", f"{text!r} is not MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4")
-    return int(low), int(high)
 
 
 def check(argv: list[str]) -> Config:

@@ -1,0 +1,85 @@
+"""A search over a range of world sizes, the parts without Ray: which sizes, each size's
+config, and best.yaml's entry per size read from each size's own best.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ConfigError, dump_config, load_config
+from orchestrator.search.ranged import read_entry, size_config, write_sizes
+from orchestrator.sizes import sizes_to_tune
+
+HEADER = (
+    "# commtune best configuration: trial 3, 210.50 samples/s\n"
+    "# verdict, measured beside the baseline: keep trial 3: 1.12x baseline (interval 1.05-1.20"
+    " from 6 window pairs); best.yaml keeps it\n"
+)
+
+
+def test_the_ends_and_the_powers_of_two_between_that_carry_the_batch_largest_first() -> None:
+    assert sizes_to_tune(1, 2, 16) == [2, 1]
+    assert sizes_to_tune(2, 8, 48) == [8, 4, 2]
+    assert sizes_to_tune(3, 12, 48) == [12, 8, 4, 3]
+    assert sizes_to_tune(5, 7, 48) == []  # none carries 48 exactly
+    assert sizes_to_tune(4, 4, 48) == [4]
+
+
+def test_world_sizes_are_checked_against_the_batch_and_the_primary_size() -> None:
+    good = load_config(preset="cpu-demo", sets=["search.world_sizes=[2, 1]"])
+    assert good.search.world_sizes == [2, 1]
+    bad = {
+        "search.world_sizes=[2, 7]": "search.world_sizes[1]",
+        "search.world_sizes=[2, 2]": "search.world_sizes",
+        "search.world_sizes=[4, 1]": "cluster.num_workers",
+        "search.world_sizes=[0]": "search.world_sizes[0]",
+    }
+    for text, key in bad.items():
+        with pytest.raises(ConfigError) as e:
+            load_config(preset="cpu-demo", sets=[text])
+        assert e.value.key == key, (text, e.value)
+
+
+def test_a_smaller_size_searches_on_its_own_name_with_half_the_trials() -> None:
+    config = load_config(preset="cpu-demo", sets=["search.world_sizes=[2, 1]"])
+    assert size_config(config, 2, primary=True) is config
+    one = size_config(config, 1, primary=False)
+    assert (one.name, one.cluster.num_workers, one.search.world_sizes) == ("cpu-demo-size1", 1, [])
+    assert one.search.trials == 4 and config.search.trials == 8
+    few = load_config(preset="smoke", sets=["search.world_sizes=[2, 1]"])
+    assert size_config(few, 1, primary=False).search.trials == 3  # never more than the primary
+
+
+def _best(folder: Path, sets: list[str], header: str = HEADER) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "best.yaml"
+    path.write_text(header + dump_config(load_config(preset="cpu-demo", sets=sets)))
+    return path
+
+
+def test_best_yaml_gets_an_entry_per_size_that_train_reads_back(tmp_path: Path) -> None:
+    primary = _best(tmp_path, ["tuned={accumulation_steps: 2}", "search.world_sizes=[2, 1]"])
+    one = _best(tmp_path / "size-1", ["cluster.num_workers=1", "tuned={bucket_cap_mb: 4}"],
+                header="# commtune best configuration: trial 0, 120.00 samples/s\n")  # fmt: skip
+    entries = {2: {**read_entry(primary), "size": 2}, 1: {**read_entry(one), "size": 1}}
+    assert (
+        entries[2]["verdict"]
+        == "keep trial 3: 1.12x baseline (interval 1.05-1.20 from 6 window pairs)"
+    )
+    assert (entries[2]["trial"], entries[2]["samples_per_s"]) == (3, 210.5)
+    assert "verdict" not in entries[1]  # nothing re-measured at that size
+    lines = write_sizes(primary, entries)
+    assert lines == [
+        "size 1: trial 0, 120.0 samples/s, {bucket_cap_mb=4}; no verdict",
+        "size 2: trial 3, 210.5 samples/s, {accumulation_steps=2}; keep trial 3: 1.12x baseline",
+    ]
+    text = primary.read_text()
+    assert text.startswith(HEADER) and "# sizes: one entry per world size searched (1, 2)" in text
+    config = load_config(str(primary))
+    assert (
+        config.sizes[1]["tuned"] == {"bucket_cap_mb": 4}
+        and config.sizes[1]["samples_per_s"] == 120.0
+    )
+    assert config.sizes[2]["tuned"] == config.tuned == {"accumulation_steps": 2}
+    assert read_entry(tmp_path / "nothing" / "best.yaml") is None
