@@ -25,6 +25,7 @@ from orchestrator.costmodel import (
 from orchestrator.findings.steps import focus_step
 from orchestrator.placement import mixed_placements
 from orchestrator.runfiles import (
+    BELOW_SEARCHED,
     BEST_YAML,
     PROBE_CSV,
     REMEASURE_CSV,
@@ -32,6 +33,7 @@ from orchestrator.runfiles import (
     SUMMARY_JSON,
     TRIALS_CSV,
     RunRecord,
+    below_searched,
     num,
 )
 from orchestrator.verdict import DELTA, verdict_from_rows
@@ -50,7 +52,6 @@ NOISY_SPREAD = 0.05
 """Measured bandwidth under half of its bound is a link or settings problem, not noise."""
 
 
-
 @dataclass(frozen=True)
 class Finding:
     """One branch of the tree that fired, with the run's numbers and what to change."""
@@ -65,7 +66,6 @@ class Finding:
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity {self.severity!r}; use one of {SEVERITIES}")
-
 
 
 def _pct(x: float) -> str:
@@ -393,6 +393,25 @@ def rule_mixed_placement(record: RunRecord) -> Finding | None:
     )
 
 
+def rule_size_below_searched(record: RunRecord) -> Finding | None:
+    """A world size of an elastic run that trained well below what the search measured for
+    it there: that size runs something other than what was measured (a neighbour, a layout)."""
+    low = below_searched(record.summary.by_size)
+    if not low:
+        return None
+    worst, share = min(low, key=lambda item: item[1])
+    shown = "; ".join(f"{s['world_size']} workers {s['samples_per_s']:.1f} vs "
+                      f"{s['searched_samples_per_s']:.1f} searched" for s, _ in low)  # fmt: skip
+    return Finding(
+        "medium",
+        f"{worst['world_size']} workers trained at {_pct(share)} of what the search measured there",
+        f"{SUMMARY_JSON} by_size: {shown} (flagged below {BELOW_SEARCHED:.0%})",
+        "look for another job on those nodes or a placement unlike the search's (the report's "
+        "placement line); if it persists, search that size again (search --workers MIN:MAX)",
+        (BELOW_SEARCHED - share) / BELOW_SEARCHED,
+    )
+
+
 RULES: list[Callable[[RunRecord], Finding | None]] = [
     rule_corrupt,
     rule_data_wait,
@@ -405,6 +424,7 @@ RULES: list[Callable[[RunRecord], Finding | None]] = [
     rule_scaling,
     rule_measurement_noise,
     rule_mixed_placement,
+    rule_size_below_searched,
 ]
 
 

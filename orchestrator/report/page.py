@@ -4,9 +4,9 @@ Writes ``DIR/report.html`` (or FILE): one self-contained HTML file that opens of
 are matplotlib PNGs drawn with Agg and embedded as base64 data URIs; no script, stylesheet or
 link leaves the file), so it can be mailed or attached to a ticket as is. Sections: every
 trial's throughput, best vs baseline with its spread, parameter importance, step-time parts,
-bus bandwidth against message size, peak memory, gradient health (with a training run folder:
-``--train DIR2`` or ``DIR/train``) and the doctor's findings. A section whose file is missing
-says so in one line instead of failing the page.
+bus bandwidth against message size, peak memory, gradient health and throughput by world size
+(with a training run folder: ``--train DIR2`` or ``DIR/train``) and the doctor's findings. A
+section whose file is missing says so in one line instead of failing the page.
 
 Exit codes: 0 written, 2 DIR holds none of the run files (one line naming it).
 """
@@ -29,6 +29,7 @@ from orchestrator.report.html import (
     log,
     missing,
 )
+from orchestrator.report.sizes_section import section_by_size
 from orchestrator.report.trials import (
     section_best_vs_baseline,
     section_importance,
@@ -45,6 +46,7 @@ SECTIONS = (
     ("bandwidth", "Bus bandwidth against message size"),
     ("memory", "Peak memory per configuration"),
     ("gradients", "Gradient health"),
+    ("by-size", "Throughput by world size"),
     ("findings", "Findings of the doctor"),
 )
 
@@ -56,6 +58,7 @@ BUILDERS: dict[str, Callable[[RunRecord], str]] = {
     "bandwidth": section_bandwidth,
     "memory": section_memory,
     "gradients": section_gradients,
+    "by-size": section_by_size,
     "findings": section_findings,
 }
 

@@ -44,7 +44,7 @@ from orchestrator.runfiles.files import (
 )
 from orchestrator.runfiles.info import RunInfo, add_search_wall, read_run_info, update_run_info
 from orchestrator.runfiles.record import RunRecord, collect, num
-from orchestrator.runfiles.summary import Summary, write_summary
+from orchestrator.runfiles.summary import BELOW_SEARCHED, Summary, below_searched, write_summary
 
 __all__ = [
     "BEST_ENV",
@@ -73,6 +73,8 @@ __all__ = [
     "RunInfo",
     "RunRecord",
     "Summary",
+    "BELOW_SEARCHED",
+    "below_searched",
     "add_search_wall",
     "collect",
     "missing_dirs",

@@ -23,6 +23,7 @@ from orchestrator.runfiles import (
     GRAD_NORMS_CSV,
     PROGRESS_CSV,
     Summary,
+    below_searched,
     write_summary,
 )
 from train_fns import metrics as m
@@ -36,8 +37,6 @@ PROGRESS_COLUMNS = (
 )  # fmt: skip
 """``entry_size``: the world size whose tuned entry the step ran (``orchestrator.sizes``);
 ``searched_samples_per_s``: what the search measured for that entry."""
-BELOW_SEARCHED = 0.8
-"""A size that trains below this share of what the search measured for its entry is flagged."""
 
 
 class RunRelay(UserCallback):
@@ -248,22 +247,26 @@ class RunLog:
 
     def _by_size(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per world size: the steps trained, their median samples/s, the entry that ran and
-        what the search measured for it; a size well below that is warned about."""
+        what the search measured for it; a size well below its own figure is warned about."""
         out = []
         for world in sorted({r[m.WORLD_SIZE] for r in rows}):
             mine = [r for r in rows if r[m.WORLD_SIZE] == world]
-            trained, searched = _median([r[m.SAMPLES_PER_S] for r in mine]), mine[-1].get(
-                "searched_samples_per_s")  # fmt: skip
-            out.append({"world_size": world, "steps": len(mine), "samples_per_s": trained,
-                        "entry_size": mine[-1].get("entry_size"),
-                        "searched_samples_per_s": searched})  # fmt: skip
-            own = mine[-1].get("entry_size") == world  # measured at this size, comparable
-            if own and trained and searched and trained < BELOW_SEARCHED * searched:
-                self.warnings.append(
-                    f"{world} workers trained at {trained:.1f} samples/s, {trained / searched:.0%}"
-                    f" of the {searched:.1f} the search measured for its entry: another job on "
-                    "the nodes, a different placement, or a configuration worth searching there"
-                )
+            entry = {k: mine[-1].get(k) for k in ("entry_size", "searched_samples_per_s")}
+            out.append(
+                {
+                    "world_size": world,
+                    "steps": len(mine),
+                    "samples_per_s": _median([r[m.SAMPLES_PER_S] for r in mine]),
+                    **entry,
+                }
+            )
+        for size, share in below_searched(out):
+            self.warnings.append(
+                f"{size['world_size']} workers trained at {size['samples_per_s']:.1f} samples/s, "
+                f"{share:.0%} of the {size['searched_samples_per_s']:.1f} the search measured "
+                "there: another job on the nodes, a different placement, or a configuration "
+                "worth searching again"
+            )
         return out
 
     def close(self) -> None:

@@ -110,10 +110,13 @@ def issue_18_rows() -> list[dict[str, str]]:
 
 
 CASES = {
-    "rule_corrupt": mutate(healthy(), trials=[
-        trial_row(0, 100.0),
-        trial_row(1, 150.0, state="corrupt", reason="warm-up step 0 grad norm 2.1 vs 1.9"),
-    ]),  # fmt: skip
+    "rule_corrupt": mutate(
+        healthy(),
+        trials=[
+            trial_row(0, 100.0),
+            trial_row(1, 150.0, state="corrupt", reason="warm-up step 0 grad norm 2.1 vs 1.9"),
+        ],
+    ),  # fmt: skip
     "rule_measurement_noise": mutate(healthy(), remeasure=issue_18_rows()),
     "rule_data_wait": best_row(healthy(), data_s="0.04"),
     "rule_comm_fraction": best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"),
@@ -127,10 +130,34 @@ CASES = {
     "rule_scaling": mutate(
         healthy(), run_info=replace(healthy().run_info, single_worker_samples_per_s=100.0)
     ),
-    "rule_mixed_placement": mutate(healthy(), trials=[
-        trial_row(0, 100.0, placement="node0:8"),
-        trial_row(1, 120.0, placement="node0:4,node1:4"),
-    ]),  # fmt: skip
+    "rule_size_below_searched": mutate(
+        healthy(),
+        summary=Summary(
+            by_size=[
+                {
+                    "world_size": 2,
+                    "steps": 40,
+                    "samples_per_s": 90.0,
+                    "entry_size": 2,
+                    "searched_samples_per_s": 100.0,
+                },
+                {
+                    "world_size": 1,
+                    "steps": 40,
+                    "samples_per_s": 30.0,
+                    "entry_size": 1,
+                    "searched_samples_per_s": 60.0,
+                },
+            ]
+        ),
+    ),  # fmt: skip
+    "rule_mixed_placement": mutate(
+        healthy(),
+        trials=[
+            trial_row(0, 100.0, placement="node0:8"),
+            trial_row(1, 120.0, placement="node0:4,node1:4"),
+        ],
+    ),  # fmt: skip
 }
 
 

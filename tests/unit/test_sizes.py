@@ -180,3 +180,41 @@ def test_a_resumed_run_rewrites_an_older_progress_csv_under_the_new_columns(tmp_
     assert rows[0]["entry_size"] == ""
     RunLog(tmp_path, steps=10, log_every=5).close()  # the same columns now: appended to, as is
     assert len(list(csv.DictReader((tmp_path / "progress.csv").open()))) == 1
+
+
+def _trained(out, figures: dict[int, tuple[float, float]]) -> None:
+    """A training run folder whose each world size ran its own entry: (trained, searched)."""
+    from orchestrator.train.runlog import RunLog
+    from train_fns import metrics as m
+
+    log, step = RunLog(out, steps=4, log_every=100), 0
+    for world, (trained, searched) in figures.items():
+        start = {"kind": "start", "world_size": world, "accumulation_steps": 1,
+                 "micro_batch": 8, "global_batch": 16, "entry_size": world,
+                 "searched_samples_per_s": searched}  # fmt: skip
+        rows = []
+        for _ in range(2):
+            step += 1
+            rows.append({m.STEP: step, m.WORLD_SIZE: world, m.SAMPLES_PER_S: trained,
+                         m.LOSS: 1.0, m.WALL_TIME: float(step)})  # fmt: skip
+        rows[0][m.EVENTS] = [start]
+        log.take({"report": {m.ROWS: rows}})
+    log.summary(1.0, None)
+    log.close()
+
+
+def test_a_size_below_its_own_searched_figure_is_flagged_by_log_report_and_doctor(tmp_path) -> None:
+    from orchestrator.findings.rules import rule_size_below_searched
+    from orchestrator.report.sizes_section import section_by_size
+    from orchestrator.runfiles import collect
+
+    _trained(tmp_path / "ok", {2: (1480.0, 1490.0), 1: (760.0, 800.0)})
+    record = collect([tmp_path / "ok"])
+    assert record.summary.warnings == [] and rule_size_below_searched(record) is None
+    assert "below" not in section_by_size(record) and "<td>95%</td>" in section_by_size(record)
+    _trained(tmp_path / "low", {2: (1480.0, 1490.0), 1: (400.0, 800.0)})
+    record = collect([tmp_path / "low"])
+    assert record.summary.warnings[0].startswith("1 workers trained at 400.0 samples/s, 50%")
+    assert "50% (below 80%)" in section_by_size(record)
+    finding = rule_size_below_searched(record)
+    assert finding is not None and finding.title.startswith("1 workers trained at 50%")

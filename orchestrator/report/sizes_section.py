@@ -1,0 +1,58 @@
+"""The report's "Throughput by world size": what a training run reached at each size it
+trained at, against what the search measured for the entry each size ran
+(``orchestrator.sizes``), step by step and per size; a size well below its own searched
+figure is marked, as the run log and the doctor flag it."""
+
+from __future__ import annotations
+
+from matplotlib import colormaps
+
+from orchestrator.report.html import figure, fmt, html_table, missing, png
+from orchestrator.runfiles import BELOW_SEARCHED, PROGRESS_CSV, RunRecord, below_searched, num
+
+
+def section_by_size(record: RunRecord) -> str:
+    """samples/s over the steps, one colour per world size, the searched figure of each
+    size's own entry dashed; then the table of ``summary.json``'s ``by_size``."""
+    points: dict[int, list[tuple[float, float]]] = {}
+    searched: dict[int, float] = {}
+    for row in record.progress:
+        step, rate, world = (
+            num(row.get("step")),
+            num(row.get("samples_per_s")),
+            num(row.get("world_size")),
+        )
+        if step is None or rate is None or world is None:
+            continue
+        points.setdefault(int(world), []).append((step, rate))
+        figure_s, entry = num(row.get("searched_samples_per_s")), num(row.get("entry_size"))
+        if figure_s is not None and entry == world:
+            searched[int(world)] = figure_s
+    if not points:
+        return missing(f"No training run folder with {PROGRESS_CSV} (--train DIR2 or DIR/train).")
+    fig, ax = figure(8.0, 3.2)
+    shade = colormaps["tab10"]
+    for i, (world, series) in enumerate(sorted(points.items())):
+        ax.scatter(*zip(*series, strict=True), s=6, color=shade(i), label=f"{world} workers")
+        if world in searched:
+            ax.axhline(searched[world], color=shade(i), ls="--", lw=1)
+    ax.set(xlabel="step", ylabel="global samples/s")
+    ax.legend(fontsize="x-small")
+    note = "<p>Dashed: what the search measured for the entry a size ran, at that size.</p>"
+    return png(fig, "samples/s by world size") + (note if searched else "") + _table(record)
+
+
+def _table(record: RunRecord) -> str:
+    sizes = record.summary.by_size or []
+    if not sizes:
+        return ""
+    low = {id(size) for size, _ in below_searched(sizes)}
+    rows = []
+    for size in sizes:
+        trained, figure_s = size.get("samples_per_s"), size.get("searched_samples_per_s")
+        share = f"{trained / figure_s:.0%}" if trained and figure_s else ""
+        mark = f" (below {BELOW_SEARCHED:.0%})" if id(size) in low else ""
+        rows.append([size.get("world_size"), size.get("steps"), fmt(trained, ".1f"),
+                     size.get("entry_size") or "", fmt(figure_s, ".1f"), share + mark])  # fmt: skip
+    header = ["world size", "steps", "trained samples/s", "entry", "searched", "trained/searched"]
+    return html_table(header, rows)
