@@ -28,6 +28,7 @@ from orchestrator.inputs import (
     check_split,
     check_tuned,
     check_workload,
+    merge,
     parse_set,
     read_yaml,
 )
@@ -408,21 +409,15 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``extra`` over ``base``; mappings merge, everything else replaces."""
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_config(
     path: str | None = None, preset: str | None = None, sets: list[str] | tuple = ()
 ) -> Config:
     """Preset, then file, then ``--set`` overrides; validated into a Config once."""
+    return from_dict(merged(path, preset, sets))
+
+
+def merged(path: str | None, preset: str | None, sets: list[str] | tuple) -> dict[str, Any]:
+    """The plain data ``load_config`` validates: preset, file and overrides merged in order."""
     data: dict[str, Any] = {}
     if preset is None and path is None:
         preset = default_preset()
@@ -442,7 +437,7 @@ def load_config(
         for part in reversed(parts):
             nested = {part: nested}
         data = merge(data, nested)
-    return from_dict(data)
+    return data
 
 
 def dump_config(config: Config) -> str:

@@ -92,6 +92,17 @@ def check_tuned(tuned: dict[str, Any], config: Any = None) -> None:
         _check_tuned_fit(tuned, config)
 
 
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``extra`` over ``base``; mappings merge, everything else replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def check_split(tuned: dict[str, Any], per_worker: int, key: str) -> None:
     """The accumulation of ``tuned`` (at ``key``) divides the per-worker batch, and does not
     meet ``static_graph``."""

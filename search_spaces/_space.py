@@ -242,7 +242,8 @@ class SearchSpace:
             )
         if entry.choices and not any(same_value(c, value) for c in entry.choices):
             if param.kind == "divisor":
-                return f"{value} does not divide {param.of}={seen.get(param.of)}"
+                top = "" if param.max is None else f" up to {param.max}"
+                return f"{value} is not a divisor of {param.of}={seen.get(param.of)}{top}"
             why = self._why_not(param, value)  # None: outside the space's words, not judged
             if why is not None:
                 return why

@@ -400,11 +400,12 @@ def rule_size_below_searched(record: RunRecord) -> Finding | None:
     if not low:
         return None
     worst, share = min(low, key=lambda item: item[1])
-    shown = "; ".join(f"{s['world_size']} workers {s['samples_per_s']:.1f} vs "
+    shown = "; ".join(f"{s['world_size']:g} workers {s['samples_per_s']:.1f} vs "
                       f"{s['searched_samples_per_s']:.1f} searched" for s, _ in low)  # fmt: skip
     return Finding(
         "medium",
-        f"{worst['world_size']} workers trained at {_pct(share)} of what the search measured there",
+        f"{worst['world_size']:g} workers trained at {_pct(share)} of what the search measured "
+        "there",
         f"{SUMMARY_JSON} by_size: {shown} (flagged below {BELOW_SEARCHED:.0%})",
         "look for another job on those nodes or a placement unlike the search's (the report's "
         "placement line); if it persists, search that size again (search --workers MIN:MAX)",

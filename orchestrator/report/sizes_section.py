@@ -46,13 +46,15 @@ def _table(record: RunRecord) -> str:
     sizes = record.summary.by_size or []
     if not sizes:
         return ""
-    low = {id(size) for size, _ in below_searched(sizes)}
+    low = {size["world_size"] for size, _ in below_searched(sizes)}
     rows = []
     for size in sizes:
-        trained, figure_s = size.get("samples_per_s"), size.get("searched_samples_per_s")
+        world, trained = num(size.get("world_size")), num(size.get("samples_per_s"))
+        figure_s = num(size.get("searched_samples_per_s"))
         share = f"{trained / figure_s:.0%}" if trained and figure_s else ""
-        mark = f" (below {BELOW_SEARCHED:.0%})" if id(size) in low else ""
-        rows.append([size.get("world_size"), size.get("steps"), fmt(trained, ".1f"),
-                     size.get("entry_size") or "", fmt(figure_s, ".1f"), share + mark])  # fmt: skip
+        mark = f" (below {BELOW_SEARCHED:.0%})" if world in low else ""
+        rows.append([fmt(world, "g"), fmt(num(size.get("steps")), "g"), fmt(trained, ".1f"),
+                     fmt(num(size.get("entry_size")), "g"), fmt(figure_s, ".1f"),
+                     share + mark])  # fmt: skip
     header = ["world size", "steps", "trained samples/s", "entry", "searched", "trained/searched"]
     return html_table(header, rows)

@@ -43,8 +43,8 @@ from orchestrator.runfiles.files import (
     write_csv,
 )
 from orchestrator.runfiles.info import RunInfo, add_search_wall, read_run_info, update_run_info
-from orchestrator.runfiles.record import RunRecord, collect, num
-from orchestrator.runfiles.summary import BELOW_SEARCHED, Summary, below_searched, write_summary
+from orchestrator.runfiles.record import BELOW_SEARCHED, RunRecord, below_searched, collect, num
+from orchestrator.runfiles.summary import Summary, write_summary
 
 __all__ = [
     "BEST_ENV",

@@ -135,6 +135,26 @@ def num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+BELOW_SEARCHED = 0.8
+"""A world size that trains below this share of what the search measured for its own entry is
+flagged (the run log, the report and the doctor)."""
+
+
+def below_searched(by_size: list[dict[str, Any]] | None) -> list[tuple[dict[str, Any], float]]:
+    """The sizes of ``Summary.by_size`` that trained below ``BELOW_SEARCHED`` of the figure the
+    search measured at that same size (another size's figure does not compare), with the share.
+    """
+    out = []
+    for size in by_size or []:
+        world, entry = num(size.get("world_size")), num(size.get("entry_size"))
+        trained, searched = num(size.get("samples_per_s")), num(size.get("searched_samples_per_s"))
+        own = world is not None and entry == world
+        if own and trained and searched and 0 < trained < BELOW_SEARCHED * searched:
+            out.append(({**size, "world_size": world, "samples_per_s": trained,
+                         "searched_samples_per_s": searched}, trained / searched))  # fmt: skip
+    return out
+
+
 Read = Callable[[Path], tuple[Any, list[str]]]
 """A file's reader: its value and the keys it read as absent (of the wrong kind)."""
 

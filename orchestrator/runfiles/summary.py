@@ -65,24 +65,6 @@ class Summary:
         return {k: v for k, v in self.as_mapping().items() if v is not None}
 
 
-BELOW_SEARCHED = 0.8
-"""A world size that trains below this share of what the search measured for its own entry is
-flagged (the run log, the report and the doctor)."""
-
-
-def below_searched(by_size: list[dict[str, Any]] | None) -> list[tuple[dict[str, Any], float]]:
-    """The sizes of ``Summary.by_size`` that trained below ``BELOW_SEARCHED`` of the figure the
-    search measured at that same size (another size's figure does not compare), with the share.
-    """
-    out = []
-    for size in by_size or []:
-        trained, searched = size.get("samples_per_s"), size.get("searched_samples_per_s")
-        own = size.get("entry_size") == size.get("world_size")
-        if own and trained and searched and trained < BELOW_SEARCHED * searched:
-            out.append((size, trained / searched))
-    return out
-
-
 def write_summary(out: Path, summary: Summary) -> None:
     """summary.json in ``out``, written whole (a resumed run rewrites it: a reader such as the
     doctor, run while the run goes on, never sees half of it)."""

@@ -14,11 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.config import Config, ConfigError, load_config, merged
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
 from orchestrator.search.context import space_for
+from orchestrator.search.ranged import check_sizes_can_run
 from orchestrator.session import check_ray_address
 from orchestrator.sizes import sizes_to_tune, workers_range
 from train_fns.plan import FAULT_KINDS
@@ -114,16 +115,37 @@ def _settings(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
     ):
         if value is not None:  # a string option stays a string (YAML made a dict of "x:")
             sets.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
+    if args.workers:
+        sets += _range_sets(args, sets)
     config = load_config(args.config, args.preset, sets)
-    if args.workers:  # the sizes depend on the global batch the config gives
-        low, high = workers_range(args.workers)
-        sizes = sizes_to_tune(low, high, config.workload.global_batch)
-        sets += [f"cluster.num_workers={high}", f"search.world_sizes={json.dumps(sizes)}"]
-        config = load_config(args.config, args.preset, sets)
+    check_sizes_can_run(config)
     space_for(config, use_gpu=False, num_nodes=1)  # a mistake in the spaces stops before Ray
     _check_dry_run_options(args, config)
     faults = parse_faults(args.inject_faults)
     return absolute_paths(config), faults
+
+
+def _range_sets(args: argparse.Namespace, sets: list[str]) -> list[str]:
+    """``--workers MIN:MAX`` as the keys it sets: the sizes worth a search, which depend on the
+    global batch the config gives (read at one worker, which carries any batch)."""
+    if args.dry_run:
+        raise ConfigError("--workers", "a dry run prices one size; leave --workers out")
+    if any(item.split("=")[0].strip() == "search.world_sizes" for item in sets):
+        raise ConfigError("--workers", "search.world_sizes is set too; give one of the two")
+    low, high = workers_range(args.workers)
+    batch = (merged(args.config, args.preset, sets).get("workload") or {}).get("global_batch")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return [f"cluster.num_workers={high}"]  # the config's own check names the batch
+    sizes = sizes_to_tune(low, high, batch)
+    if high not in sizes:
+        fits = [s for s in range(high, low - 1, -1) if batch % s == 0]
+        hint = f"--workers {low}:{fits[0]}" if fits else "a range with a divisor of it"
+        raise ConfigError("--workers", f"{high} workers cannot carry workload.global_batch="
+                          f"{batch} exactly; use {hint}")  # fmt: skip
+    if low not in sizes:
+        print(f"--workers: {low} workers cannot carry workload.global_batch={batch} exactly; "
+              "not searched")  # fmt: skip
+    return [f"cluster.num_workers={high}", f"search.world_sizes={json.dumps(sizes)}"]
 
 
 def _with_model(config: Config) -> Config:
@@ -164,6 +186,9 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     if args.dry_run:  # writes nothing: any --out, even one holding a study, is fine
         return _with_model(config), out, faults
     check_out_dir(out)
+    if args.resume and not config.search.world_sizes and any(out.glob("size-*/trials.csv")):
+        raise ConfigError("--resume", f"{out} holds a search over several world sizes; resume "
+                          "it with the same --workers MIN:MAX")  # fmt: skip
     check_ray_address(config, "--address" if args.address else "cluster.address")
     if not args.resume and any((out / f).exists() for f in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV)):
         raise ConfigError(

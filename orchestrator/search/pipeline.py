@@ -209,6 +209,8 @@ def carried_seeds(ctx: TrialContext, carried: tuple[dict[str, Any], ...]) -> lis
     """Points of this search's space for what other sizes found best, fitted to this size's
     layout (``train_fns.sizes``); one this space cannot hold is left out, and said."""
     context, seeds = ctx.space.context, []
+    if ctx.config.search.sampler == "grid":
+        return seeds  # a grid walks its points in order: no seed is tried first
     layout = Layout(context.world_size, context.num_nodes, context.even_nodes)
     for entry in carried:
         fitted = fit({entry["size"]: entry}, layout, fit_context(ctx.config, ctx.use_gpu))

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, dump_config, load_config
-from orchestrator.runfiles import BEST_YAML, STUDY_DB, STUDY_JOURNAL, TRIALS_CSV, write_atomic
-from orchestrator.search.pipeline import run_search
+from orchestrator.config import Config, ConfigError, dump_config, load_config
+from orchestrator.runfiles import BEST_YAML, write_atomic
 
 HEADER = re.compile(r"# commtune best configuration: trial (\d+), ([\d.]+) samples/s")
 VERDICT = re.compile(r"# verdict, measured beside the baseline: (.*)")
@@ -33,13 +32,24 @@ MIN_TRIALS = 4
 def size_config(config: Config, size: int, primary: bool) -> Config:
     """``config`` for the search at ``size``: the primary keeps its name and trials; a smaller
     size has its own study name (a shared database holds both) and half the trials."""
-    if primary:
-        return config
+    if primary:  # what it writes becomes the entries: an older best.yaml's are not kept
+        return dataclasses.replace(config, sizes={})
     trials = min(config.search.trials, max(MIN_TRIALS, math.ceil(config.search.trials / 2)))
     search = dataclasses.replace(config.search, trials=trials, world_sizes=[])
     cluster = dataclasses.replace(config.cluster, num_workers=size)
     return dataclasses.replace(config, name=f"{config.name}-size{size}", cluster=cluster,
                                search=search, sizes={})  # fmt: skip
+
+
+def check_sizes_can_run(config: Config) -> None:
+    """Each smaller size's config is valid (a fixed ``tuned`` value, the study's name): a
+    mistake stops before Ray, not after the largest size's whole search."""
+    for size in sorted(config.search.world_sizes, reverse=True)[1:]:
+        try:
+            size_config(config, size, primary=False)
+        except ConfigError as e:
+            raise ConfigError(e.key, f"at {size} workers (search.world_sizes): "
+                              f"{str(e).split(': ', 1)[1]}") from e  # fmt: skip
 
 
 def size_folder(out: Path, size: int, primary: bool) -> Path:
@@ -52,33 +62,38 @@ def run_range(
 ) -> tuple[list[str], str | None]:  # fmt: skip
     """Search every size of ``config.search.world_sizes``; best.yaml gets an entry per size.
     Returns the closing lines and why the primary's baseline failed (None when it did not)."""
+    from orchestrator.search.pipeline import run_search  # Ray and Tune: once the input is good
+
     sizes = sorted(config.search.world_sizes, reverse=True)
     lines: list[str] = []
-    carried: list[dict[str, Any]] = []
+    entries: dict[int, dict[str, Any]] = {}
     walls: dict[int, float] = {}
     failed: str | None = None
     for i, size in enumerate(sizes):
         folder = size_folder(out, size, i == 0)
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"world size {size} ({i + 1} of {len(sizes)}): searching in {folder}", flush=True)
-        started = time.monotonic()
-        size_lines, why = run_search(
-            size_config(config, size, i == 0), folder, faults if i == 0 else {},
-            resume and _holds_study(folder), verbose, deadline, tuple(carried),
-        )  # fmt: skip
-        walls[size] = time.monotonic() - started
-        lines += [f"[{size} workers] {line}" for line in size_lines]
-        failed = why if i == 0 else failed
-        entry = read_entry(folder / BEST_YAML)
+        entry = read_entry(folder / BEST_YAML) if resume else None
+        if entry is not None and "verdict" in entry:  # searched and decided before the resume
+            print(f"world size {size}: searched before ({folder}); its entry is kept", flush=True)
+        elif i and deadline is not None and time.time() > deadline:
+            print(f"time budget spent: {size} workers not searched", flush=True)
+            continue
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            print(f"world size {size} ({i + 1} of {len(sizes)}): searching in {folder}", flush=True)
+            started = time.monotonic()
+            carried = tuple({**e, "size": s} for s, e in sorted(entries.items()))  # nearest first
+            size_lines, why = run_search(size_config(config, size, i == 0), folder,
+                                         faults if i == 0 else {}, resume, verbose, deadline,
+                                         carried)  # fmt: skip
+            walls[size] = time.monotonic() - started
+            lines += [f"[{size} workers] {line}" for line in size_lines]
+            failed = why if i == 0 else failed
+            entry = read_entry(folder / BEST_YAML)
         if entry is not None:
-            carried.append({**entry, "size": size})
-    lines += write_sizes(out / BEST_YAML, {e["size"]: e for e in carried})
-    lines.append(cost_line(walls, sizes))
+            entries[size] = entry
+    lines += write_sizes(out / BEST_YAML, entries, sizes[0])
+    lines += [cost_line(walls, sizes)] if sizes[0] in walls else []
     return lines, failed
-
-
-def _holds_study(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (STUDY_DB, STUDY_JOURNAL, TRIALS_CSV))
 
 
 def read_entry(path: Path) -> dict[str, Any] | None:
@@ -89,7 +104,10 @@ def read_entry(path: Path) -> dict[str, Any] | None:
     text = path.read_text()
     header, verdict = HEADER.search(text), VERDICT.search(text)
     chosen = load_config(str(path))
-    entry: dict[str, Any] = {"tuned": dict(chosen.tuned), "env": dict(chosen.env)}
+    tuned = dict(chosen.tuned)
+    if chosen.strategy in ("ddp", "fsdp"):  # a searched strategy is written at the top level
+        tuned["strategy"] = chosen.strategy
+    entry: dict[str, Any] = {"tuned": tuned, "env": dict(chosen.env)}
     if header:
         entry |= {"trial": int(header.group(1)), "samples_per_s": float(header.group(2))}
     if verdict:  # the decision and its figures; the advice stays in that size's folder
@@ -97,19 +115,29 @@ def read_entry(path: Path) -> dict[str, Any] | None:
     return entry
 
 
-def write_sizes(path: Path, entries: dict[int, dict[str, Any]]) -> list[str]:
+def write_sizes(path: Path, entries: dict[int, dict[str, Any]], primary: int) -> list[str]:
     """Rewrite the primary's best.yaml (``path``) with ``sizes``: its header kept, a line per
-    entry said. The primary's own entry equals its top level, as ``check_sizes`` wants."""
-    if not path.is_file():
-        return [f"no size completed a trial: {BEST_YAML} has no sizes"]
+    entry said. The primary's own entry is its top level (``check_sizes`` wants them equal);
+    a variable other than NCCL's that a smaller size would change is left out (a worker reads
+    it as its process starts: it cannot switch with the size), and said."""
+    if primary not in entries or not path.is_file():
+        return [f"the {primary}-worker search completed no trial: {path} has no sizes (each "
+                "size's own best.yaml is in its size-N folder)"]  # fmt: skip
+    lines: list[str] = []
+    top = entries[primary]
+    for size, entry in entries.items():
+        for name in [n for n in entry["env"] if not n.startswith("NCCL_")]:
+            if top["env"].get(name) != entry["env"][name]:
+                lines.append(f"size {size}: {name}={entry['env'].pop(name)} not kept (read as "
+                             "a worker starts, it cannot switch with the size)")  # fmt: skip
     text = path.read_text()
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     config = load_config(str(path))
-    sizes = {size: {k: v for k, v in e.items() if k != "size"} for size, e in entries.items()}
-    config = dataclasses.replace(config, sizes=sizes)
-    note = f"# sizes: one entry per world size searched ({', '.join(map(str, sorted(sizes)))})\n"
+    search = dataclasses.replace(config.search, world_sizes=[])  # best.yaml runs, not searches
+    config = dataclasses.replace(config, tuned=dict(top["tuned"]), sizes=entries, search=search)
+    note = f"# sizes: one entry per world size searched ({', '.join(map(str, sorted(entries)))})\n"
     write_atomic(path, header + note + dump_config(config))
-    return [_entry_line(size, e) for size, e in sorted(sizes.items())]
+    return lines + [_entry_line(size, e) for size, e in sorted(entries.items())]
 
 
 def _entry_line(size: int, entry: dict[str, Any]) -> str:

@@ -262,7 +262,7 @@ class RunLog:
             )
         for size, share in below_searched(out):
             self.warnings.append(
-                f"{size['world_size']} workers trained at {size['samples_per_s']:.1f} samples/s, "
+                f"{size['world_size']:g} workers trained at {size['samples_per_s']:.1f} samples/s, "
                 f"{share:.0%} of the {size['searched_samples_per_s']:.1f} the search measured "
                 "there: another job on the nodes, a different placement, or a configuration "
                 "worth searching again"

@@ -43,7 +43,7 @@ def test_world_sizes_are_checked_against_the_batch_and_the_primary_size() -> Non
 
 def test_a_smaller_size_searches_on_its_own_name_with_half_the_trials() -> None:
     config = load_config(preset="cpu-demo", sets=["search.world_sizes=[2, 1]"])
-    assert size_config(config, 2, primary=True) is config
+    assert size_config(config, 2, primary=True) == config  # less an older best.yaml's sizes
     one = size_config(config, 1, primary=False)
     assert (one.name, one.cluster.num_workers, one.search.world_sizes) == ("cpu-demo-size1", 1, [])
     assert one.search.trials == 4 and config.search.trials == 8
@@ -62,14 +62,14 @@ def test_best_yaml_gets_an_entry_per_size_that_train_reads_back(tmp_path: Path) 
     primary = _best(tmp_path, ["tuned={accumulation_steps: 2}", "search.world_sizes=[2, 1]"])
     one = _best(tmp_path / "size-1", ["cluster.num_workers=1", "tuned={bucket_cap_mb: 4}"],
                 header="# commtune best configuration: trial 0, 120.00 samples/s\n")  # fmt: skip
-    entries = {2: {**read_entry(primary), "size": 2}, 1: {**read_entry(one), "size": 1}}
+    entries = {2: read_entry(primary), 1: read_entry(one)}
     assert (
         entries[2]["verdict"]
         == "keep trial 3: 1.12x baseline (interval 1.05-1.20 from 6 window pairs)"
     )
     assert (entries[2]["trial"], entries[2]["samples_per_s"]) == (3, 210.5)
     assert "verdict" not in entries[1]  # nothing re-measured at that size
-    lines = write_sizes(primary, entries)
+    lines = write_sizes(primary, entries, 2)
     assert lines == [
         "size 1: trial 0, 120.0 samples/s, {bucket_cap_mb=4}; no verdict",
         "size 2: trial 3, 210.5 samples/s, {accumulation_steps=2}; keep trial 3: 1.12x baseline",
@@ -82,4 +82,57 @@ def test_best_yaml_gets_an_entry_per_size_that_train_reads_back(tmp_path: Path) 
         and config.sizes[1]["samples_per_s"] == 120.0
     )
     assert config.sizes[2]["tuned"] == config.tuned == {"accumulation_steps": 2}
+    assert config.search.world_sizes == []  # best.yaml trains; it does not search again
     assert read_entry(tmp_path / "nothing" / "best.yaml") is None
+
+
+def test_a_searched_strategy_and_a_variable_that_cannot_switch(tmp_path: Path) -> None:
+    primary = _best(tmp_path, ["strategy=ddp", "search.world_sizes=[2, 1]"])
+    alloc = "env={PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:True'}"
+    one = _best(tmp_path / "size-1", ["cluster.num_workers=1", "strategy=fsdp", alloc])
+    entries = {2: read_entry(primary), 1: read_entry(one)}
+    lines = write_sizes(primary, entries, 2)
+    assert lines[0].startswith("size 1: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True not kept")
+    config = load_config(str(primary))  # it loads: what train reads
+    assert config.sizes[1]["tuned"]["strategy"] == "fsdp" and config.sizes[1]["env"] == {}
+    assert write_sizes(tmp_path / "x" / "best.yaml", {}, 2)[0].startswith("the 2-worker search")
+
+
+def _search_error(*argv: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from orchestrator.search.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, err.getvalue() + out.getvalue()
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--workers", "2:1"], "error: --workers: '2:1' is not MIN:MAX"),
+    (["--workers", "1:3"], "error: --workers: 3 workers cannot carry workload.global_batch=32 "
+                           "exactly; use --workers 1:2"),
+    (["--workers", "1:2", "--dry-run"], "error: --workers: a dry run prices one size"),
+    (["--workers", "1:2", "--set", "search.world_sizes=[2]"], "error: --workers: search.world_"),
+    (["--workers", "1:4", "--set", "strategy=fsdp", "--set", "tuned={reshard_after_forward: 2}"],
+     "error: tuned.reshard_after_forward: at 2 workers (search.world_sizes)"),
+])  # fmt: skip
+def test_a_mistyped_range_stops_before_ray_naming_the_key(argv: list[str], said: str) -> None:
+    code, text = _search_error("--preset", "cpu-demo", *argv, "--out", "/nonexistent/x")
+    assert code == 2 and said in text, text
+
+
+def test_a_size_with_no_exact_split_is_said_and_left_out(tmp_path: Path) -> None:
+    from orchestrator.search.cli import _settings, parse_args
+
+    args = parse_args(["--preset", "cpu-demo", "--workers", "3:4"])
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        config, _ = _settings(args)
+    assert config.search.world_sizes == [4] and config.cluster.num_workers == 4
+    assert "--workers: 3 workers cannot carry workload.global_batch=32 exactly" in out.getvalue()

@@ -218,3 +218,21 @@ def test_a_size_below_its_own_searched_figure_is_flagged_by_log_report_and_docto
     assert "50% (below 80%)" in section_by_size(record)
     finding = rule_size_below_searched(record)
     assert finding is not None and finding.title.startswith("1 workers trained at 50%")
+
+
+def test_hand_edited_per_size_figures_read_as_absent_not_as_a_crash() -> None:
+    from orchestrator.findings.rules import rule_size_below_searched
+    from orchestrator.report.sizes_section import section_by_size
+    from orchestrator.runfiles import RunRecord, Summary, below_searched
+
+    junk = [
+        {"world_size": 2, "samples_per_s": "fast", "entry_size": 2, "searched_samples_per_s": 9},
+        {"samples_per_s": 1.0, "searched_samples_per_s": 100.0},  # no sizes: not its own entry
+        {"world_size": 1, "entry_size": 1, "samples_per_s": float("nan"),
+         "searched_samples_per_s": 5.0},
+        {"world_size": 4, "entry_size": 4, "samples_per_s": 1.0, "searched_samples_per_s": True},
+    ]  # fmt: skip
+    assert below_searched(junk) == []
+    record = RunRecord(summary=Summary(by_size=junk))
+    assert rule_size_below_searched(record) is None
+    assert "nan" not in section_by_size(record)
