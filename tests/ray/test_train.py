@@ -19,8 +19,10 @@ from _heads import ROOT, leftovers
 from _stalls import descendants
 
 SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
-SIZE_ONE = ("sizes={1: {tuned: {accumulation_steps: 4, activation_checkpointing: true}, "
-            "samples_per_s: 40.0}}")
+SIZE_ONE = (
+    "sizes={1: {tuned: {accumulation_steps: 4, activation_checkpointing: true}, "
+    "samples_per_s: 40.0}}"
+)
 """An entry for one worker, as a search over 1:2 writes it; the top level is the entry for 2."""
 
 
