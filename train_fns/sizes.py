@@ -13,6 +13,7 @@ a worker starts (``orchestrator.sizes``); each start fits again to the layout it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -109,15 +110,24 @@ def never_runs(
     return set.intersection(*found)
 
 
+@functools.cache
+def _fit_specs() -> tuple[Any, ...]:
+    """The shipped spaces, read once per process (a range check fits every size on several
+    layouts)."""
+    from search_spaces import load_spaces
+
+    return tuple(load_spaces(FIT_SPACES))
+
+
 def misfits(
     tuned: Mapping[str, Any], env: Mapping[str, str], layout: Layout, context: Mapping[str, Any]
 ) -> list[tuple[str, Any, str]]:
     """(key, value, why) for each tuned value or variable ``layout`` cannot run."""
-    from search_spaces import SearchContext, SearchSpace, load_spaces
+    from search_spaces import SearchContext, SearchSpace
 
     use_gpu = bool(context.get("use_gpu"))
     space = SearchSpace(
-        load_spaces(FIT_SPACES),
+        _fit_specs(),
         SearchContext(
             backend="nccl" if use_gpu else "gloo",
             strategy_mode=str(tuned.get("strategy", context.get("strategy", "ddp"))),
