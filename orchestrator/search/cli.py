@@ -186,7 +186,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
     if args.dry_run:  # writes nothing: any --out, even one holding a study, is fine
         return _with_model(config), out, faults
     check_out_dir(out)
-    if args.resume and not config.search.world_sizes and any(out.glob("size-*/trials.csv")):
+    if args.resume and not config.search.world_sizes and any(out.glob(f"size-*/{TRIALS_CSV}")):
         raise ConfigError("--resume", f"{out} holds a search over several world sizes; resume "
                           "it with the same --workers MIN:MAX")  # fmt: skip
     check_ray_address(config, "--address" if args.address else "cluster.address")

@@ -122,7 +122,7 @@ def write_sizes(path: Path, entries: dict[int, dict[str, Any]], primary: int) ->
     it as its process starts: it cannot switch with the size), and said."""
     if primary not in entries or not path.is_file():
         return [f"the {primary}-worker search completed no trial: {path} has no sizes (each "
-                "size's own best.yaml is in its size-N folder)"]  # fmt: skip
+                f"size's own {BEST_YAML} is in its size-N folder)"]  # fmt: skip
     lines: list[str] = []
     top = entries[primary]
     for size, entry in entries.items():
@@ -133,7 +133,7 @@ def write_sizes(path: Path, entries: dict[int, dict[str, Any]], primary: int) ->
     text = path.read_text()
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     config = load_config(str(path))
-    search = dataclasses.replace(config.search, world_sizes=[])  # best.yaml runs, not searches
+    search = dataclasses.replace(config.search, world_sizes=[])  # it trains; it searches no more
     config = dataclasses.replace(config, tuned=dict(top["tuned"]), sizes=entries, search=search)
     note = f"# sizes: one entry per world size searched ({', '.join(map(str, sorted(entries)))})\n"
     write_atomic(path, header + note + dump_config(config))
