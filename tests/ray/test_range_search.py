@@ -37,6 +37,7 @@ def test_a_search_over_a_range_writes_an_entry_per_size_with_its_verdict(tmp_pat
         assert entry["samples_per_s"] > 0 and entry["verdict"].startswith(verdicts), size
         assert f"size {size}: trial {entry['trial']}" in text
     one = load_config(str(out / "size-1" / "best.yaml"))
-    assert one.cluster.num_workers == 1 and config.sizes[1]["tuned"] == one.tuned
+    assert one.cluster.num_workers == 1  # its search's choice, its strategy included
+    assert config.sizes[1]["tuned"] == {**one.tuned, "strategy": one.strategy}
     rows = list(csv.DictReader((out / "size-1" / "trials.csv").open()))
     assert len(rows) == 3  # the smoke preset's 3 trials (half of them would be fewer than 3)
