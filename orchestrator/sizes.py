@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.inputs import ConfigError, check_range, check_split, check_tuned
 from orchestrator.placement import PlacementError, layout_for
-from train_fns.sizes import Fitted, Layout, fit
+from train_fns.sizes import Fitted, Layout, entries_of, fit
 
 ENTRY_KEYS = ("tuned", "env", "samples_per_s", "verdict", "trial")
 MAX_SIZE = 16_384
@@ -160,13 +160,8 @@ def _size(key: Any, global_batch: int) -> int:
 
 
 def run_entries(config: Any) -> dict[int, dict[str, Any]]:
-    """Every entry a run may pick from: ``sizes``, and the top level's at its own size. An
-    entry's variables lie over the top level's: one that names none keeps the fixed ones (a
-    site's interface names), and a variable a size cannot run is dropped there, and said."""
-    top = {"tuned": dict(config.tuned), "env": dict(config.env)}
-    entries = {size: {**entry, "env": {**config.env, **entry.get("env", {})}}
-               for size, entry in config.sizes.items()}  # fmt: skip
-    return {config.cluster.num_workers: top, **entries}
+    """Every entry a run may pick from (``train_fns.sizes.entries_of``) for ``config``."""
+    return entries_of(config.cluster.num_workers, config.tuned, config.env, config.sizes)
 
 
 def fit_context(config: Any, use_gpu: bool) -> dict[str, Any]:

@@ -60,6 +60,18 @@ class Fitted:
         return text
 
 
+def entries_of(
+    top: int, tuned: Mapping[str, Any], env: Mapping[str, Any], sizes: Mapping[Any, Any]
+) -> dict[int, dict[str, Any]]:
+    """Every entry a run may pick from: the top level's (``tuned``/``env``) at its own size
+    ``top``, and ``sizes``. An entry's variables lie over the top level's: one that names none
+    keeps the fixed ones (a site's interface names)."""
+    entries = {top: {"tuned": dict(tuned), "env": dict(env)}}
+    for size, entry in sizes.items():
+        entries[int(size)] = {**entry, "env": {**env, **(entry.get("env") or {})}}
+    return entries
+
+
 def nearest(sizes: Mapping[int, Any], world: int) -> int:
     """The entry for ``world``: its own, else the nearest size (the smaller of two as near:
     its micro-batch was measured to fit with fewer ranks to share the model's memory)."""

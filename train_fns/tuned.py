@@ -24,7 +24,7 @@ from torch import nn
 
 from search_spaces import env_strings
 from train_fns.plan import TrialPlan, model_knobs, options_from_knobs
-from train_fns.sizes import Fitted, Layout, fit, gathered_layout
+from train_fns.sizes import Fitted, Layout, entries_of, fit, gathered_layout
 
 Best = Mapping[str, Any]
 
@@ -44,10 +44,8 @@ def fitted(best: Best, world_size: int, num_nodes: int = 1, even: bool | None = 
     workload, search = best["workload"], best.get("search") or {}
     cluster = best.get("cluster") or {}
     top = int(cluster.get("num_workers", world_size))
-    fixed = best.get("env") or {}
-    entries = {top: {"tuned": best.get("tuned") or {}, "env": fixed}}
-    for size, entry in (best.get("sizes") or {}).items():  # as orchestrator.sizes.run_entries
-        entries[int(size)] = {**entry, "env": {**fixed, **(entry.get("env") or {})}}
+    entries = entries_of(top, best.get("tuned") or {}, best.get("env") or {},
+                         best.get("sizes") or {})  # fmt: skip
     strategy = str(best.get("strategy", "ddp")).replace("search", "ddp")
     context = {"global_batch": int(workload["global_batch"]), "strategy": strategy,
                "use_gpu": torch.cuda.is_available(), "nvswitch": bool(cluster.get("nvswitch")),
