@@ -170,21 +170,20 @@ def check_runnable(config: Config, use_gpu: bool) -> None:
         raise ConfigError("--config", f"the tuned configuration cannot run here: {e}") from e
 
 
-def check_sizes_fit(config: Config, use_gpu: bool) -> None:
+def check_sizes_fit(config: Config, use_gpu: bool, template: TrialPlan) -> None:
     """Fit the tuned entries to every size of the run's range on the layout each would get
     here, before a worker starts: a tuned value no size can run is a ConfigError naming it;
     an elastic range prints what each size runs and drops (each start fits again to its
-    real layout and logs the same line)."""
+    real layout and logs the same line). ``template``: the run's plan (``run_spec``)."""
     import ray
 
     low, high = worker_counts(config)
     nodes = ray.nodes()
     fitted = fit_range(config, use_gpu, range(low, high + 1),
                        lambda world: expected_layout(config, use_gpu, world, nodes))  # fmt: skip
-    template, _ = run_spec(config, resolve_task(config), use_gpu, Path("."))
     for world, entry in fitted.items():
         if entry.split is not None:
-            _check_plan(TrialPlan.from_dict(template.plan), entry, world)
+            _check_plan(template, entry, world)
         if low != high or entry.dropped:
             print(f"sizes: {entry.line(world)}", flush=True)
 
@@ -211,8 +210,8 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
             config.cluster, num_workers=low)), use_gpu, placed=False)  # fmt: skip
         check_runnable(config, use_gpu)  # use_gpu: auto is known only now
-        check_sizes_fit(config, use_gpu)
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
+        check_sizes_fit(config, use_gpu, TrialPlan.from_dict(spec.plan))
         reports = driver_queue()
         log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),
                      alive_nodes=alive_nodes)  # fmt: skip
