@@ -19,8 +19,7 @@ from search_spaces._nccl import unreducible
 from train_fns.plan import (
     InfeasiblePlan,
     TrialPlan,
-    model_knobs,
-    options_from_knobs,
+    knob_fields,
     split_global_batch,
 )
 
@@ -218,7 +217,7 @@ def plan_from_config(
     under the workers' ``env``; ``extra`` sets the measurement fields (a trial's windows, a
     training run's steps). InfeasiblePlan where the two cannot run together."""
     accumulation = int(knobs.get("accumulation_steps", 1))
-    ddp, fsdp = options_from_knobs(model_knobs(knobs, cfg.workload.unused_parameters))
+    default = cfg.strategy if cfg.strategy != "search" else "ddp"
     plan = TrialPlan(
         model=cfg.workload.entrypoint or cfg.workload.model,
         task=task,
@@ -227,12 +226,8 @@ def plan_from_config(
         world_size=world,
         accumulation_steps=accumulation,
         micro_batch=split_global_batch(cfg.workload.global_batch, world, accumulation),
-        strategy=knobs.get("strategy", cfg.strategy if cfg.strategy != "search" else "ddp"),
         precision=cfg.workload.precision,
-        ddp=ddp,
-        fsdp=fsdp,
-        activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
-        adamw_impl=knobs.get("adamw_impl"),
+        **knob_fields(knobs, cfg.workload.unused_parameters, default),
         model_overrides=dict(cfg.workload.model_overrides),
         data=cfg.workload.data,
         tokenizer=cfg.workload.tokenizer,

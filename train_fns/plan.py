@@ -136,6 +136,18 @@ def options_from_knobs(knobs: dict[str, Any]) -> tuple[DDPOptions, FSDPOptions]:
     return out[0], out[1]
 
 
+def knob_fields(knobs: dict[str, Any], unused_parameters: bool | None, strategy: str) -> dict:
+    """The TrialPlan fields that tuned ``knobs`` set (the rest keep torch's defaults), with
+    ``strategy`` where the knobs name none: one mapping for a config's plan, a fitted entry's
+    and the tuned result in a user's own loop."""
+    ddp, fsdp = options_from_knobs(model_knobs(knobs, unused_parameters))
+    return {
+        "strategy": str(knobs.get("strategy", strategy)), "ddp": ddp, "fsdp": fsdp,
+        "activation_checkpointing": bool(knobs.get("activation_checkpointing", False)),
+        "adamw_impl": knobs.get("adamw_impl"),
+    }  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TrialPlan:
     """One configuration, fully derived and checked; what a worker runs."""

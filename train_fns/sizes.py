@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from train_fns.plan import TrialPlan, model_knobs, options_from_knobs, resplit
+from train_fns.plan import TrialPlan, knob_fields, resplit
 
 FIT_SPACES = ("accumulation", "ddp", "fsdp", "nccl", "optimizer")
 """The shipped spaces whose conditions say what a layout can run (the strategy is the entry's)."""
@@ -170,15 +170,14 @@ def plan_of(template: TrialPlan, fitted: Fitted, world: int) -> TrialPlan:
     """``template`` (the run's plan: model, data, measurement) with the fitted entry's knobs
     and split at ``world`` workers. The split must exist (``fitted.split``)."""
     assert fitted.split is not None, "no split: the caller waits for another size"
-    knobs = fitted.tuned
-    ddp, fsdp = options_from_knobs(model_knobs(knobs, template.unused_parameters))
     accumulation, micro = fitted.split
     return dataclasses.replace(
-        template, world_size=world, accumulation_steps=accumulation, micro_batch=micro,
-        strategy=str(knobs.get("strategy", template.strategy)), ddp=ddp, fsdp=fsdp,
-        activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
-        adamw_impl=knobs.get("adamw_impl"),
-    )  # fmt: skip
+        template,
+        world_size=world,
+        accumulation_steps=accumulation,
+        micro_batch=micro,
+        **knob_fields(fitted.tuned, template.unused_parameters, template.strategy),
+    )
 
 
 def gathered_layout(world: int) -> Layout:

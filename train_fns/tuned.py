@@ -23,7 +23,7 @@ import yaml
 from torch import nn
 
 from search_spaces import env_strings
-from train_fns.plan import TrialPlan, model_knobs, options_from_knobs
+from train_fns.plan import TrialPlan, knob_fields
 from train_fns.sizes import Fitted, Layout, entries_of, fit, gathered_layout
 
 Best = Mapping[str, Any]
@@ -89,9 +89,9 @@ def plan_for(
     entry = fitted(best, world_size, num_nodes, even)
     if entry.split is None:
         split(best, world_size)  # raises, saying why
-    knobs, (accumulation, micro) = entry.tuned, entry.split
+    accumulation, micro = entry.split
     workload = best["workload"]
-    ddp, fsdp = options_from_knobs(model_knobs(knobs, workload.get("unused_parameters")))
+    default = str(best.get("strategy", "ddp")).replace("search", "ddp")
     return TrialPlan(
         model=str(workload.get("entrypoint") or workload.get("model")),
         task=None,
@@ -100,11 +100,8 @@ def plan_for(
         world_size=world_size,
         accumulation_steps=accumulation,
         micro_batch=micro,
-        strategy=str(knobs.get("strategy", best.get("strategy", "ddp"))).replace("search", "ddp"),
         precision=str(workload.get("precision", "fp32")),
-        ddp=ddp,
-        fsdp=fsdp,
-        activation_checkpointing=bool(knobs.get("activation_checkpointing", False)),
+        **knob_fields(entry.tuned, workload.get("unused_parameters"), default),
         use_gpu=torch.cuda.is_available(),
         unused_parameters=bool(workload.get("unused_parameters")),
     )
