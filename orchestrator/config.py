@@ -19,12 +19,12 @@ from typing import Any
 import yaml
 
 from orchestrator.address import check_address
+from orchestrator.bounds import check_bounds
 from orchestrator.inputs import (
     ConfigError,
     check_choice,
     check_finite,
     check_name,
-    check_range,
     check_split,
     check_tuned,
     check_workload,
@@ -40,47 +40,6 @@ PRESET_DIR = Path(__file__).parent / "presets"
 SAMPLERS = ("staged", "tpe", "random", "grid")
 STRATEGY_MODES = ("ddp", "fsdp", "search")
 USE_GPU_VALUES = ("auto", True, False)
-_DAY_S, _MAX_WORKERS, _MAX_STEPS = 86_400, 16_384, 10**9
-BOUNDS: dict[str, tuple[float, float]] = {
-    "workload.seq_len": (1, 1 << 20),
-    "workload.global_batch": (1, 1 << 20),
-    "workload.lr": (1e-12, 10.0),
-    "cluster.num_workers": (1, _MAX_WORKERS),
-    "cluster.cpus_per_worker": (0.01, 1024.0),
-    "search.trials": (1, 100_000),
-    "search.seed": (0, 2**32 - 1),  # what numpy (Optuna's samplers) accepts
-    "search.warmup_steps": (1, 100_000),  # >= 1: start-up costs are never measured
-    "search.measure_steps": (1, 1_000_000),
-    "search.windows": (1, 10_000),
-    "search.trial_timeout_s": (1.0, 7.0 * _DAY_S),
-    "search.step_deadline_s": (1.0, 7.0 * _DAY_S),
-    "search.start_timeout_s": (1.0, float(_DAY_S)),
-    "search.heartbeat_s": (1.0, float(_DAY_S)),
-    "search.time_budget_min": (0.01, 365.0 * 24 * 60),
-    "search.remeasure_top": (0, 1000),
-    "search.remeasure_repeats": (0, 10),
-    "search.verdict_delta": (0.0, 0.5),
-    "search.verdict_pairs": (3, 1000),  # three: the fewest pairs a decision is taken on
-    "search.group_size": (1, 10_000),
-    "search.concurrency": (1, 1024),
-    "search.cost_model_seeds": (0, 1000),
-    "search.world_sizes": (1, _MAX_WORKERS),  # each of them
-    "train.steps": (1, _MAX_STEPS),
-    "train.checkpoint_every": (1, _MAX_STEPS),
-    "train.min_workers": (1, _MAX_WORKERS),
-    "train.max_workers": (1, _MAX_WORKERS),
-    "train.max_failures": (0, 10_000),
-    "train.max_grad_norm": (1e-6, 1e6),
-    "train.max_accumulation": (1, 4096),
-    "train.adaptive_window": (1, 1_000_000),
-    "train.resize_check_s": (0.1, float(_DAY_S)),
-    "train.start_timeout_s": (1.0, float(_DAY_S)),
-    "train.first_report_timeout_s": (1.0, 7.0 * _DAY_S),
-    "train.stall_timeout_s": (1.0, 7.0 * _DAY_S),
-    "train.grad_norm_every": (1, _MAX_STEPS),
-    "train.log_every": (1, _MAX_STEPS),
-}
-"""Sane range of every number in the config (ints where both ends are ints)."""
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # not nan, inf, 1_000
 
 
@@ -114,7 +73,7 @@ class WorkloadConfig:
     micro-batches on CPU; the built-in models use every parameter."""
 
     def __post_init__(self) -> None:
-        _check_bounds(self, "workload")
+        check_bounds(self, "workload")
         check_choice("workload.task", self.task, ("mlm", "clm", None))
         check_choice("workload.precision", self.precision, ("fp32", "bf16", "fp16"))
 
@@ -141,7 +100,7 @@ class ClusterConfig:
     a CPU head that cannot see the workers' topology."""
 
     def __post_init__(self) -> None:
-        _check_bounds(self, "cluster")
+        check_bounds(self, "cluster")
         check_choice("cluster.use_gpu", self.use_gpu, USE_GPU_VALUES)
         check_choice("cluster.placement", self.placement, PLACEMENTS)
 
@@ -215,7 +174,7 @@ class SearchConfig:
     each is judged against its own declared tolerance, and reported as lossy."""
 
     def __post_init__(self) -> None:
-        _check_bounds(self, "search")
+        check_bounds(self, "search")
         check_choice("search.sampler", self.sampler, SAMPLERS)
         if self.windows > self.measure_steps:
             raise ConfigError(
@@ -235,6 +194,13 @@ class TrainConfig:
     steps: int = 100
     """Optimizer steps in all; a resumed run ends at exactly this many."""
     checkpoint_every: int = 20
+    snapshot_every: int | None = None
+    """An in-memory snapshot every this many steps between checkpoints, kept on the driver's
+    node: a lost worker node re-does at most this many steps. null: half of checkpoint_every;
+    0: none."""
+    snapshot_max_mb: float = 1024.0
+    """No snapshots where the model and optimizer state weigh more than this (each snapshot
+    is gathered to rank 0 and held in the driver node's memory)."""
     min_workers: int | None = None
     max_workers: int | None = None
     """Elastic range (``--workers MIN:MAX``); both null: cluster.num_workers, fixed."""
@@ -268,7 +234,7 @@ class TrainConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        _check_bounds(self, "train")
+        check_bounds(self, "train")
         check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
         if (self.min_workers is None) != (self.max_workers is None):
             raise ConfigError(
@@ -323,15 +289,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _check_bounds(section: Any, name: str) -> None:
-    """Every number of a section within BOUNDS (a typo'd 10^9 batch is refused, not run)."""
-    for f in dataclasses.fields(section):
-        key, value = f"{name}.{f.name}", getattr(section, f.name)
-        for i, item in enumerate(value if isinstance(value, list) else [value]):
-            if key in BOUNDS and item is not None:
-                check_range(f"{key}[{i}]" if isinstance(value, list) else key, item, *BOUNDS[key])
 
 
 def from_dict(data: dict[str, Any]) -> Config:

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import BOUNDS, Config
+from orchestrator.bounds import BOUNDS
+from orchestrator.config import Config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([a-z_.]+)` \| `([^`]*)` \|([^|]*)\| .+ \|$")

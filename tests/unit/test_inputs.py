@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from orchestrator import runfiles
-from orchestrator.config import BOUNDS, Config, ConfigError, from_dict, load_config
+from orchestrator.bounds import BOUNDS
+from orchestrator.config import Config, ConfigError, from_dict, load_config
 from orchestrator.inputs import check_out_dir, parse_set, read_yaml
 from orchestrator.probe import cli as probe
 from orchestrator.report import cli as report
