@@ -58,6 +58,10 @@ class RunSpec:
     size, re-split."""
     fit_context: dict[str, Any] | None = None
     """What fitting an entry reads of the run (``orchestrator.sizes.fit_context``)."""
+    snapshot_every: int = 0
+    """An in-memory snapshot every this many steps between checkpoints (``train_fns.snapshots``;
+    0: none), where the worker has a keeper and the state weighs at most ``snapshot_max_mb``."""
+    snapshot_max_mb: float = 1024.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

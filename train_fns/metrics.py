@@ -94,6 +94,8 @@ WALL_TIME = "wall_time"
 against it."""
 CHECKPOINT_STEP = "checkpoint_step"
 """Set on the reports that carry a checkpoint: the step it resumes at."""
+SNAPSHOT_S = "snapshot_s"
+"""Set on the steps that took an in-memory snapshot (``train_fns.snapshots``): its seconds."""
 
 # Trial-level metrics computed by the driver from the windows.
 SAMPLES_PER_S = "samples_per_s"

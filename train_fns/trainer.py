@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from train_fns import metrics as m
+from train_fns import snapshots
 from train_fns.adaptive import AdaptiveAccumulation, Split
 from train_fns.commsplit import exposed_comm, nosync_from_accumulation
 from train_fns.elastic import (
@@ -42,6 +43,21 @@ Report = Callable[[dict[str, Any], Path | None], None]
 """``report(metrics, checkpoint_dir)``: every rank calls it at the same steps."""
 
 
+class Marks:
+    """Seconds between named points of a worker group's start, from ``since`` (where a
+    restart's time goes: imports, state, plan, build, restore)."""
+
+    def __init__(self, since: float | None) -> None:
+        self.since = since if since is not None else time.time()
+        self.last = self.since
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name] = round(now - self.last, 3)
+        self.last = now
+
+
 class ElasticTrainer:
     """Re-split, restore, train to ``spec.steps``, checkpoint; report every step.
 
@@ -57,9 +73,17 @@ class ElasticTrainer:
         device: torch.device,
         report: Report,
         checkpoint_dir: Path | None,
+        keeper: snapshots.Keeper | None = None,
+        launched_at: float | None = None,
     ) -> None:
+        """``keeper``: where snapshots go (None: checkpoints only); ``launched_at``: when the
+        worker function began (the start event says where a restart's seconds went)."""
         self.spec, self.rank, self.world, self.device = spec, rank, world, device
-        self.report, self.checkpoint_dir = report, checkpoint_dir
+        self.report, self.checkpoint_dir, self.keeper = report, checkpoint_dir, keeper
+        self.setup = Marks(launched_at)
+        self.resumed_from: str | None = None
+        self.snapshot_every = 0
+        self.state_mb = 0.0
         self.template = TrialPlan.from_dict(spec.plan)
         self.state: dict[str, Any] = {}
         self.reference_s: float | None = None
@@ -69,14 +93,25 @@ class ElasticTrainer:
         self.fitted: Fitted | None = None
 
     def run(self) -> None:
+        self.setup.mark("imports")
         saved = self._saved_state()
+        snapshot = snapshots.newer(self.keeper, self.rank, saved.get("step", 0))
+        self.resumed_from = "snapshot" if snapshot else "checkpoint" if saved else None
+        saved = snapshot.state if snapshot else saved
+        self.setup.mark("state")
         plan = self._plan(saved)
+        self.setup.mark("plan")
         runner, _ = build_runner(plan, self.rank, self.device)
+        self.setup.mark("build")
         self.adaptive = self._controller(plan, saved)
-        if self.checkpoint_dir is not None:
+        if snapshot:
+            snapshots.load(runner, snapshot)
+        elif self.checkpoint_dir is not None:
             load_checkpoint(runner, self.checkpoint_dir)
-            runner.precision.load_scaler_state(saved.get("scaler"))
+        runner.precision.load_scaler_state(saved.get("scaler"))
+        self.setup.mark("restore")
         self.state = {"step": saved.get("step", 0), "samples_seen": saved.get("samples_seen", 0)}
+        self.snapshot_every = self._snapshot_every(runner)
         self.events.append(self._start_event(plan, saved))
         watchdog = Watchdog(self.rank, plan.step_deadline_s, marker_dir=None).start()
         try:
@@ -85,6 +120,14 @@ class ElasticTrainer:
                 watchdog.beat()
         finally:
             watchdog.stop()
+
+    def _snapshot_every(self, runner: StepRunner) -> int:
+        """Steps between snapshots in this start: none without a keeper, or where the state
+        weighs more than ``spec.snapshot_max_mb`` (the start event says which)."""
+        self.state_mb = snapshots.state_bytes(runner) / 2**20
+        if self.keeper is None or self.state_mb > self.spec.snapshot_max_mb:
+            return 0
+        return self.spec.snapshot_every
 
     def _saved_state(self) -> dict[str, Any]:
         return {} if self.checkpoint_dir is None else read_state(self.checkpoint_dir)
@@ -138,6 +181,11 @@ class ElasticTrainer:
             "micro_batch": plan.micro_batch,
             "global_batch": plan.global_batch,
             "started_at": time.time(),
+            "launched_at": self.setup.since,
+            "setup_s": self.setup.seconds,
+            "resumed_from": self.resumed_from,
+            "snapshot_every": self.snapshot_every,
+            "state_mb": round(self.state_mb, 3),
             **self._entry_fields(),
         }
 
@@ -265,6 +313,10 @@ class ElasticTrainer:
         self._mark_progress(step)
         self.pending.append(metrics)
         checkpoint = step % self.spec.checkpoint_every == 0 or step == self.spec.steps
+        if not checkpoint and self.snapshot_every and step % self.snapshot_every == 0:
+            started = time.perf_counter()
+            snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step)
+            metrics[m.SNAPSHOT_S] = time.perf_counter() - started
         if not checkpoint and step % self.spec.report_every:
             return
         batch, self.pending = {m.ROWS: self.pending}, []

@@ -64,7 +64,9 @@ def rank_place(context: Any) -> dict[str, Any]:
 
 
 def train_loop_elastic(config: dict[str, Any]) -> None:
-    """Ray Train entry point of a training run (one call per worker-group start)."""
+    """Ray Train entry point of a training run (one call per worker-group start).
+    ``config["keeper"]``: the driver's snapshot keeper (an actor handle) or None."""
+    launched_at = time.time()
     import ray.train
     import ray.train.torch
 
@@ -75,6 +77,8 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
         checkpoint = None if directory is None else ray.train.Checkpoint.from_directory(directory)
         ray.train.report(metrics, checkpoint=checkpoint)
 
+    config = dict(config)
+    handle = config.pop("keeper", None)
     context = ray.train.get_context()
     checkpoint = ray.train.get_checkpoint()
     with contextlib.ExitStack() as stack:
@@ -86,7 +90,26 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
             device=ray.train.torch.get_device(),
             report=report,
             checkpoint_dir=None if directory is None else Path(directory),
+            keeper=None if handle is None else KeeperHandle(handle),
+            launched_at=launched_at,
         ).run()
+
+
+class KeeperHandle:
+    """The driver's snapshot keeper (``orchestrator.train.snapshots``) as
+    ``train_fns.snapshots.Keeper``: a put does not wait (the step goes on while the bytes
+    travel; a put that never arrives leaves the previous snapshot)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def put(self, step: int, data: bytes) -> None:
+        self.actor.put.remote(step, data)
+
+    def latest(self) -> tuple[int, bytes] | None:
+        import ray
+
+        return ray.get(self.actor.latest.remote())
 
 
 def probe_loop_per_worker(config: dict[str, Any]) -> None:

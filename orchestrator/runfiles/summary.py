@@ -46,7 +46,10 @@ class Summary:
     """Per world size trained at: steps, median samples/s, the tuned entry that ran
     (``entry_size``) and what the search measured for it (``searched_samples_per_s``)."""
     restarts: list[dict[str, Any]] | None = None
-    """One per restart: reason, steps, world before and after, and the line printed."""
+    """One per restart: reason, steps, world before and after, what it resumed from, where
+    its seconds went, and the line printed."""
+    snapshots: dict[str, Any] | None = None
+    """In-memory snapshots taken between checkpoints: ``taken``, ``median_s``, ``total_s``."""
     warnings: list[str] | None = None
     error: str | None = None
     """Why the run failed (None when it did not)."""

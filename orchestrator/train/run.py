@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError
+from orchestrator.config import Config, ConfigError, TrainConfig
 from orchestrator.plans import check_reductions, plan_from_config, resolve_task
 from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.session import (
@@ -27,6 +27,7 @@ from orchestrator.session import (
 )
 from orchestrator.sizes import expected_layout, fit_context, fit_range, run_entries
 from orchestrator.train.runlog import RunLog, RunRelay
+from orchestrator.train.snapshots import start_keeper
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.elastic import RunSpec
 from train_fns.plan import InfeasiblePlan, TrialPlan
@@ -34,6 +35,9 @@ from train_fns.sizes import Fitted, plan_of
 
 START, STEP = "start", "step"
 """Phases of a training run a stall is recorded in."""
+HEALTH_CHECK_S = 0.5
+"""How often Ray Train polls the workers: a dead one is seen this long after at most (Ray's
+default, 2 s, was up to a fifth of a recovery on the local twin)."""
 
 
 def worker_counts(config: Config) -> tuple[int, int]:
@@ -61,9 +65,18 @@ def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSp
         max_micro_batch=plan.micro_batch, on_no_split=train.on_no_split, adaptive=adaptive,
         grad_norm_every=train.grad_norm_every, report_every=train.log_every,
         progress_file=str(progress_file(out)), entries=run_entries(config),
-        fit_context=fit_context(config, use_gpu),
+        fit_context=fit_context(config, use_gpu), snapshot_every=snapshot_every(train),
+        snapshot_max_mb=train.snapshot_max_mb,
     )  # fmt: skip
     return spec, dict(config.env)
+
+
+def snapshot_every(train: TrainConfig) -> int:
+    """Steps between in-memory snapshots: as configured, else half the checkpoint interval
+    (none where checkpoints come every step or two: a snapshot would save nothing)."""
+    if train.snapshot_every is not None:
+        return train.snapshot_every
+    return train.checkpoint_every // 2 if train.checkpoint_every > 2 else 0
 
 
 def progress_file(out: Path) -> Path:
@@ -71,8 +84,9 @@ def progress_file(out: Path) -> Path:
 
 
 def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool, out: Path,
-               relay: RunRelay) -> GroupSpec:  # fmt: skip
-    """The elastic worker group: (min, max) workers, restarts from the latest checkpoint."""
+               relay: RunRelay, keeper: Any = None) -> GroupSpec:  # fmt: skip
+    """The elastic worker group: (min, max) workers, restarts from the latest checkpoint or
+    the ``keeper``'s newer snapshot."""
     from ray.train import CheckpointConfig
 
     from train_fns.worker import train_loop_elastic
@@ -80,7 +94,7 @@ def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool
     low, high = worker_counts(config)
     return GroupSpec(
         loop=train_loop_elastic,
-        loop_config=spec.to_dict(),
+        loop_config={**spec.to_dict(), "keeper": keeper},
         name=TRAIN_RUN_NAME,
         storage_path=str(out.resolve()),
         num_workers=(low, high) if low != high else high,
@@ -213,12 +227,17 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
         check_sizes_fit(config, use_gpu, TrialPlan.from_dict(spec.plan))
         reports = driver_queue()
-        log = RunLog(out, config.train.steps, config.train.log_every, progress_file(out),
-                     alive_nodes=alive_nodes)  # fmt: skip
+        train = config.train
+        log = RunLog(out, train.steps, train.log_every, progress_file(out),
+                     alive_nodes=alive_nodes, snapshot_max_mb=train.snapshot_max_mb)  # fmt: skip
         started = time.monotonic()
-        trainer = torch_trainer(group_spec(config, spec, env, use_gpu, out, RunRelay(reports)))
-        # owned: a stall ends the group; the variable is read by Ray Train where fit() runs
-        ray_env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(config.train.start_timeout_s)}
+        keeper = start_keeper() if spec.snapshot_every else None
+        trainer = torch_trainer(
+            group_spec(config, spec, env, use_gpu, out, RunRelay(reports), keeper)
+        )
+        # owned: a stall ends the group; the variables are read by Ray Train where fit() runs
+        ray_env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(config.train.start_timeout_s),
+                   "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(HEALTH_CHECK_S)}  # fmt: skip
         fit = Fit(trainer, owned=True, env=ray_env)
         watch = Watch(config.train.first_report_timeout_s, config.train.stall_timeout_s)
         error = drain(fit, reports, log, config.search.heartbeat_s, high, watch)

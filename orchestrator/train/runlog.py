@@ -53,6 +53,21 @@ class RunRelay(UserCallback):
         self._queue.put({"failure": texts, "time": time.time()})
 
 
+def snapshot_line(event: dict[str, Any], max_mb: float) -> str:
+    """What a failure would re-do at most: the snapshot interval, or the checkpoint's."""
+    every, state_mb = event.get("snapshot_every") or 0, event.get("state_mb") or 0.0
+    if every:
+        return (f"snapshots: every {every} steps between checkpoints ({state_mb:.1f} MB kept on "
+                "the driver's node): a lost node re-does at most that many steps")  # fmt: skip
+    if max_mb and state_mb > max_mb:
+        return (f"snapshots: off, the state weighs {state_mb:.0f} MB > train.snapshot_max_mb="
+                f"{max_mb:g}: a failure re-does up to train.checkpoint_every steps")  # fmt: skip
+    return (
+        "snapshots: off (train.snapshot_every): a failure re-does up to train.checkpoint_every "
+        "steps"
+    )
+
+
 def failure_reason(texts: dict[int, str], nodes_lost: int = 0) -> str:
     """Node lost or worker died: fewer alive nodes than before, or what Ray said."""
     joined = " ".join(texts.values()).lower()
@@ -70,18 +85,36 @@ class Restart:
     world_before: int
     world_after: int
     first_step_at: float | None = None
+    source: str = "checkpoint"
+    """What it resumed from: ``checkpoint`` or ``snapshot`` (``train_fns.snapshots``)."""
+    launched_at: float | None = None
+    """When the new group's worker function began (Ray's restart before it)."""
+    started_at: float | None = None
+    setup_s: dict[str, float] = field(default_factory=dict)
+    """The new group's seconds from ``launched_at`` to its start, by phase."""
+
+    @property
+    def redone(self) -> int:
+        return max(0, self.last_step - self.resumed_from)
 
     def line(self) -> str:
-        redo = max(0, self.last_step - self.resumed_from)
-        wait = (
-            f", first step {self.first_step_at - self.failed_at:.1f}s after the failure"
-            if self.failed_at and self.first_step_at
-            else ""
-        )
         return (
             f"restart: {self.reason}; {self.world_before} -> {self.world_after} workers, resumed "
-            f"from the checkpoint at step {self.resumed_from} ({redo} step(s) re-done){wait}"
+            f"from the {self.source} at step {self.resumed_from} ({self.redone} step(s) re-done)"
+            f"{self.wait()}"
         )
+
+    def wait(self) -> str:
+        """How long from the failure to the first step, and where that time went."""
+        if not (self.failed_at and self.first_step_at):
+            return ""
+        text = f", first step {self.first_step_at - self.failed_at:.1f}s after the failure"
+        if not (self.launched_at and self.started_at):
+            return text
+        parts = [f"new worker group {self.launched_at - self.failed_at:.1f}s"]
+        parts += [f"{name} {s:.1f}s" for name, s in self.setup_s.items() if s >= 0.05]
+        parts.append(f"first step {self.first_step_at - self.started_at:.1f}s")
+        return f"{text} ({', '.join(parts)})"
 
 
 @dataclass
@@ -102,6 +135,8 @@ class RunLog:
     warnings: list[str] = field(default_factory=list)
     entry: dict[str, Any] = field(default_factory=dict)
     """The running start's entry: its size and what the search measured for it."""
+    snapshot_max_mb: float = 0.0
+    """train.snapshot_max_mb, named where a state too large for snapshots is said."""
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -171,6 +206,7 @@ class RunLog:
             print(f"training on {world} worker(s), {where}: accumulation "
                   f"{event['accumulation_steps']} x micro-batch {event['micro_batch']} x "
                   f"{world} = global batch {event['global_batch']}", flush=True)  # fmt: skip
+            print(snapshot_line(event, self.snapshot_max_mb), flush=True)
         else:
             self._restart(event, world, resumed or 0)
         self.world = world
@@ -182,7 +218,9 @@ class RunLog:
         else:
             reason = "node added: scaled up" if world > self.world else "resized"
         restart = Restart(reason, failure and failure["time"], self.last_step, resumed,
-                          self.world, world)  # fmt: skip
+                          self.world, world, source=event.get("resumed_from") or "checkpoint",
+                          launched_at=event.get("launched_at"), started_at=event.get("started_at"),
+                          setup_s=event.get("setup_s") or {})  # fmt: skip
         self.restarts.append(restart)
         self.pending_failure = None
         split = f"accumulation {event['accumulation_steps']} x micro-batch {event['micro_batch']}"
@@ -191,7 +229,10 @@ class RunLog:
     def _on_step(self, report: dict[str, Any]) -> None:
         step = report[m.STEP]
         if self.restarts and self.restarts[-1].first_step_at is None:
-            self.restarts[-1].first_step_at = report[m.WALL_TIME]
+            restart = self.restarts[-1]
+            restart.first_step_at = report[m.WALL_TIME]
+            if restart.failed_at:
+                print(f"recovered: {restart.redone} step(s) re-done{restart.wait()}", flush=True)
         self.last_step = step
         self.rows[step] = report = {**report, **self.entry}
         handle, writer = self._progress
@@ -241,6 +282,7 @@ class RunLog:
             world_sizes=sorted({r[m.WORLD_SIZE] for r in rows}),
             by_size=self._by_size(rows),
             restarts=[vars(r) | {"line": r.line()} for r in self.restarts],
+            snapshots=_snapshots(rows),
             warnings=list(self.warnings),
             error=error,
         )
@@ -272,6 +314,14 @@ class RunLog:
     def close(self) -> None:
         for handle in (self._progress[0], self._norms[0], self._events):
             handle.close()
+
+
+def _snapshots(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How many snapshots the logged steps took and what one cost (None: none taken)."""
+    took = [r[m.SNAPSHOT_S] for r in rows if r.get(m.SNAPSHOT_S) is not None]
+    if not took:
+        return None
+    return {"taken": len(took), "median_s": _median(took), "total_s": sum(took)}
 
 
 def _finite(value: Any) -> bool:

@@ -72,7 +72,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     uninterrupted: dict, tmp_path: Path
 ) -> None:
-    """A Ray Train worker SIGKILLed mid-run is recovered from the latest checkpoint (within
+    """A Ray Train worker SIGKILLed mid-run is recovered from the latest snapshot (within
     --max-failures); then the driver itself is SIGKILLed, and --resume finishes the run at
     exactly --steps with the uninterrupted run's final loss."""
     process = start(tmp_path, "--steps", "40", "--max-failures", "2")
@@ -84,6 +84,8 @@ def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     wait_for(tmp_path, lambda rs: any(r["attempt"] == "2" and int(r["step"]) >= 25 for r in rs))
     failures = [e for e in events(tmp_path) if e["kind"] == "failure"]
     assert [f["reason"] for f in failures] == ["worker died"]
+    restarted = [e for e in events(tmp_path) if e["kind"] == "start"][1]
+    assert restarted["resumed_from"] == "snapshot" and restarted["resumed_from_step"] % 5 == 0
     process.send_signal(signal.SIGKILL)
     process.wait()
     refused = subprocess.run(
@@ -152,7 +154,12 @@ def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -
     assert output.count("entry: 2 workers run its own entry") == 2, output
     by_size = {s["world_size"]: s for s in result["by_size"]}
     assert by_size[1]["searched_samples_per_s"] == 40.0 and by_size[2]["steps"] > 0
+    lost = result["restarts"][0]
+    redone = lost["last_step"] - lost["resumed_from"]
+    # a snapshot every 5 steps (half the checkpoint interval) on the driver's node survives it
+    assert lost["source"] == "snapshot" and redone <= 5, lost["line"]
+    assert "recovered: " in output and result["snapshots"]["taken"] > 0, output[-3000:]
     print(
         f"node loss -> first step on 1 worker: {float(first_alone['wall_time']) - removed_at:.1f}s;"
-        f" restarts: {[r['line'] for r in result['restarts']]}"
+        f" restarts: {[r['line'] for r in result['restarts']]}; snapshots: {result['snapshots']}"
     )

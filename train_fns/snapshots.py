@@ -1,0 +1,113 @@
+"""In-memory snapshots between checkpoints, so that a lost node re-does few steps.
+
+A checkpoint goes through Ray Train's storage: every rank writes its shard and the controller
+registers it (seconds each time), so it is taken every ``train.checkpoint_every`` steps and a
+failure re-does up to that many. A snapshot is cheaper: the full model and optimizer state,
+gathered to rank 0 (a collective under FSDP2), serialised and handed to a keeper on the
+driver's node (``orchestrator.train.snapshots``), which a lost worker node cannot take with
+it. A restart loads whichever of the two is newer. The full state loads at any world size
+(rank 0 broadcasts it, torch shards it), as a resharded checkpoint does; the keeper lives with
+the driver, so a resumed driver starts from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from train_fns.loop import StepRunner
+
+
+class Keeper(Protocol):
+    """Where rank 0 sends a snapshot and a restart's rank 0 asks for the latest one."""
+
+    def put(self, step: int, data: bytes) -> None:
+        """Keep ``data`` as the snapshot at ``step`` (without waiting for it to arrive)."""
+
+    def latest(self) -> tuple[int, bytes] | None: ...
+
+
+def state_bytes(runner: StepRunner) -> int:
+    """What a snapshot of this model and its optimizer weighs, from the global shapes (the
+    same on every rank, so every rank decides alike): parameters and optimizer state (AdamW
+    keeps two tensors a parameter), both in the parameters' types."""
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    return 3 * params
+
+
+def _options(**extra: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **extra)
+
+
+def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -> None:
+    """Every rank: gather the full state; rank 0 sends it, with the run's ``state`` (step,
+    data position, split, scaler, controller: what a checkpoint's train_state.json holds)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    options = _options(cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(runner.model, runner.optimizer, options=options)
+    if runner.rank != 0:
+        return
+    buffer = io.BytesIO()
+    torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
+    keeper.put(step, buffer.getvalue())
+
+
+@dataclass
+class Snapshot:
+    """A snapshot found newer than the checkpoint: the same on every rank but its tensors."""
+
+    state: dict[str, Any]
+    """The run state (what a checkpoint's train_state.json holds)."""
+    stateful: list[str]
+    """The parameters (by name) with optimizer state: one never given a gradient yet (an
+    expert not routed to) has none, and must have none after the load, as before it."""
+    tensors: dict[str, Any] | None
+    """Model and optimizer state: rank 0's only (it broadcasts them in ``load``)."""
+
+
+def newer(keeper: Keeper | None, rank: int, than_step: int) -> Snapshot | None:
+    """The keeper's snapshot if it is newer than the checkpoint's step: rank 0 asks, and
+    broadcasts what every rank needs to know of it, so every rank answers alike."""
+    found = None
+    if rank == 0 and keeper is not None:
+        latest = keeper.latest()
+        if latest is not None and latest[0] > than_step:
+            tensors = torch.load(io.BytesIO(latest[1]), weights_only=True)
+            found = Snapshot(tensors["state"], sorted(tensors["optim"]["state"]), tensors)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [None if found is None else (found.state, found.stateful)]
+        dist.broadcast_object_list(box, src=0)
+        if rank != 0 and box[0] is not None:
+            found = Snapshot(*box[0], tensors=None)
+    return found
+
+
+def load(runner: StepRunner, snapshot: Snapshot) -> None:
+    """Every rank: load the snapshot (its tensors on rank 0), resharded to this group by
+    torch. Model and optimizer each in their own call: a combined one takes an empty model
+    dict (every rank but 0's) for "optimizer only"."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    model, optimizer = runner.model, runner.optimizer
+    names = [n for g in get_optimizer_state_dict(model, optimizer)["param_groups"]
+             for n in g["params"]]  # fmt: skip
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # the same order
+    stateless = [p for n, p in zip(names, params, strict=True) if n not in snapshot.stateful]
+    many = dist.is_initialized() and dist.get_world_size() > 1
+    options = _options(broadcast_from_rank0=many, strict=not stateless)
+    tensors = snapshot.tensors or {"model": {}, "optim": {}}
+    set_optimizer_state_dict(model, optimizer, tensors["optim"], options=options)
+    set_model_state_dict(model, tensors["model"], options=options)
+    for param in stateless:  # the load gave them a fresh state; the saved run had none
+        optimizer.state.pop(param, None)
