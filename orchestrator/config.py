@@ -195,9 +195,9 @@ class TrainConfig:
     """Optimizer steps in all; a resumed run ends at exactly this many."""
     checkpoint_every: int = 20
     snapshot_every: int | None = None
-    """An in-memory snapshot every this many steps between checkpoints, kept on the driver's
-    node: a lost worker node re-does at most this many steps. null: half of checkpoint_every;
-    0: none."""
+    """An in-memory snapshot every this many steps between checkpoints (and at each one), kept
+    on the driver's node: a lost worker node re-does at most this many steps. Below
+    checkpoint_every; null: half of it; 0: none."""
     snapshot_max_mb: float = 1024.0
     """No snapshots where the model and optimizer state weigh more than this (each snapshot
     is gathered to rank 0 and held in the driver node's memory)."""
@@ -236,6 +236,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_bounds(self, "train")
         check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
+        if self.snapshot_every and self.snapshot_every >= self.checkpoint_every:
+            raise ConfigError(
+                "train.snapshot_every",
+                f"{self.snapshot_every} is not below train.checkpoint_every="
+                f"{self.checkpoint_every}: snapshots come between checkpoints; set it below "
+                f"{self.checkpoint_every}, or 0 for none",
+            )
         if (self.min_workers is None) != (self.max_workers is None):
             raise ConfigError(
                 "train.min_workers", "set both min_workers and max_workers, or neither"

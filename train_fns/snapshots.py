@@ -23,12 +23,15 @@ from train_fns.loop import StepRunner
 
 
 class Keeper(Protocol):
-    """Where rank 0 sends a snapshot and a restart's rank 0 asks for the latest one."""
+    """Where rank 0 sends snapshots and a restart's rank 0 asks for the newest one."""
 
     def put(self, step: int, data: bytes) -> None:
-        """Keep ``data`` as the snapshot at ``step`` (without waiting for it to arrive)."""
+        """Keep ``data`` as the snapshot at ``step``: without waiting for it to arrive, but
+        after the previous one arrived (a slow transfer holds the next, not piles up)."""
 
-    def latest(self) -> tuple[int, bytes] | None: ...
+    def latest(self, than_step: int) -> tuple[int, bytes] | None:
+        """The newest snapshot if it is newer than ``than_step`` (None: none, or the keeper
+        cannot be reached). Puts from an earlier group that arrive after this are ignored."""
 
 
 def state_bytes(runner: StepRunner) -> int:
@@ -45,18 +48,23 @@ def _options(**extra: bool) -> Any:
     return StateDictOptions(full_state_dict=True, **extra)
 
 
-def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -> None:
+def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -> bool:
     """Every rank: gather the full state; rank 0 sends it, with the run's ``state`` (step,
-    data position, split, scaler, controller: what a checkpoint's train_state.json holds)."""
+    data position, split, scaler, controller: what a checkpoint's train_state.json holds).
+    Not before the optimizer has state (every step so far skipped as non-finite): gathering
+    would make torch initialise it with a zero step, which the uninterrupted run never took.
+    The same answer on every rank; returns whether it was taken."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    if not runner.optimizer.state:
+        return False
     options = _options(cpu_offload=True)
     model_sd, optim_sd = get_state_dict(runner.model, runner.optimizer, options=options)
-    if runner.rank != 0:
-        return
-    buffer = io.BytesIO()
-    torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
-    keeper.put(step, buffer.getvalue())
+    if runner.rank == 0:
+        buffer = io.BytesIO()
+        torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
+        keeper.put(step, buffer.getvalue())
+    return True
 
 
 @dataclass
@@ -73,17 +81,23 @@ class Snapshot:
 
 
 def newer(keeper: Keeper | None, rank: int, than_step: int) -> Snapshot | None:
-    """The keeper's snapshot if it is newer than the checkpoint's step: rank 0 asks, and
-    broadcasts what every rank needs to know of it, so every rank answers alike."""
+    """The keeper's snapshot if it is newer than the checkpoint's step: rank 0 asks and
+    broadcasts what every rank needs to know of it over the gloo side group (no NCCL
+    communicator may exist before the entry's variables are set: ``sizes.apply_env``). A run
+    without a keeper has none on any rank: nothing to agree on."""
+    from train_fns.ranks import side_group
+
+    if keeper is None:
+        return None
     found = None
-    if rank == 0 and keeper is not None:
-        latest = keeper.latest()
-        if latest is not None and latest[0] > than_step:
-            tensors = torch.load(io.BytesIO(latest[1]), weights_only=True)
-            found = Snapshot(tensors["state"], sorted(tensors["optim"]["state"]), tensors)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    latest = keeper.latest(than_step) if rank == 0 else None
+    if latest is not None:
+        tensors = torch.load(io.BytesIO(latest[1]), weights_only=True)
+        found = Snapshot(tensors["state"], sorted(tensors["optim"]["state"]), tensors)
+    group = side_group()
+    if group is not None:
         box = [None if found is None else (found.state, found.stateful)]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=group)
         if rank != 0 and box[0] is not None:
             found = Snapshot(*box[0], tensors=None)
     return found
@@ -92,7 +106,8 @@ def newer(keeper: Keeper | None, rank: int, than_step: int) -> Snapshot | None:
 def load(runner: StepRunner, snapshot: Snapshot) -> None:
     """Every rank: load the snapshot (its tensors on rank 0), resharded to this group by
     torch. Model and optimizer each in their own call: a combined one takes an empty model
-    dict (every rank but 0's) for "optimizer only"."""
+    dict (every rank but 0's) for "optimizer only". The model strictly; the optimizer allows
+    the parameters the snapshot has no state for, and leaves them without."""
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,
         set_model_state_dict,
@@ -105,9 +120,9 @@ def load(runner: StepRunner, snapshot: Snapshot) -> None:
     params = [p for g in optimizer.param_groups for p in g["params"]]  # the same order
     stateless = [p for n, p in zip(names, params, strict=True) if n not in snapshot.stateful]
     many = dist.is_initialized() and dist.get_world_size() > 1
-    options = _options(broadcast_from_rank0=many, strict=not stateless)
     tensors = snapshot.tensors or {"model": {}, "optim": {}}
-    set_optimizer_state_dict(model, optimizer, tensors["optim"], options=options)
-    set_model_state_dict(model, tensors["model"], options=options)
+    partial = _options(broadcast_from_rank0=many, strict=not stateless)
+    set_optimizer_state_dict(model, optimizer, tensors["optim"], options=partial)
+    set_model_state_dict(model, tensors["model"], options=_options(broadcast_from_rank0=many))
     for param in stateless:  # the load gave them a fresh state; the saved run had none
         optimizer.state.pop(param, None)

@@ -74,15 +74,17 @@ class ElasticTrainer:
         report: Report,
         checkpoint_dir: Path | None,
         keeper: snapshots.Keeper | None = None,
-        launched_at: float | None = None,
+        setup: Marks | None = None,
     ) -> None:
-        """``keeper``: where snapshots go (None: checkpoints only); ``launched_at``: when the
-        worker function began (the start event says where a restart's seconds went)."""
+        """``keeper``: where snapshots go (None: checkpoints only); ``setup``: the start's
+        phases so far, from the worker function's launch (the start event says where a
+        restart's seconds went)."""
         self.spec, self.rank, self.world, self.device = spec, rank, world, device
         self.report, self.checkpoint_dir, self.keeper = report, checkpoint_dir, keeper
-        self.setup = Marks(launched_at)
+        self.setup = setup or Marks(None)
         self.resumed_from: str | None = None
         self.snapshot_every = 0
+        self.snapshot_off: str | None = None
         self.state_mb = 0.0
         self.template = TrialPlan.from_dict(spec.plan)
         self.state: dict[str, Any] = {}
@@ -93,7 +95,6 @@ class ElasticTrainer:
         self.fitted: Fitted | None = None
 
     def run(self) -> None:
-        self.setup.mark("imports")
         saved = self._saved_state()
         snapshot = snapshots.newer(self.keeper, self.rank, saved.get("step", 0))
         self.resumed_from = "snapshot" if snapshot else "checkpoint" if saved else None
@@ -125,9 +126,11 @@ class ElasticTrainer:
         """Steps between snapshots in this start: none without a keeper, or where the state
         weighs more than ``spec.snapshot_max_mb`` (the start event says which)."""
         self.state_mb = snapshots.state_bytes(runner) / 2**20
-        if self.keeper is None or self.state_mb > self.spec.snapshot_max_mb:
-            return 0
-        return self.spec.snapshot_every
+        if self.keeper is None or not self.spec.snapshot_every:
+            self.snapshot_off = "train.snapshot_every"
+        elif self.state_mb > self.spec.snapshot_max_mb:
+            self.snapshot_off = "train.snapshot_max_mb"
+        return 0 if self.snapshot_off else self.spec.snapshot_every
 
     def _saved_state(self) -> dict[str, Any]:
         return {} if self.checkpoint_dir is None else read_state(self.checkpoint_dir)
@@ -185,6 +188,7 @@ class ElasticTrainer:
             "setup_s": self.setup.seconds,
             "resumed_from": self.resumed_from,
             "snapshot_every": self.snapshot_every,
+            "snapshot_off": self.snapshot_off,
             "state_mb": round(self.state_mb, 3),
             **self._entry_fields(),
         }
@@ -312,11 +316,10 @@ class ElasticTrainer:
         step = self.state["step"]
         self._mark_progress(step)
         self.pending.append(metrics)
-        checkpoint = step % self.spec.checkpoint_every == 0 or step == self.spec.steps
-        if not checkpoint and self.snapshot_every and step % self.snapshot_every == 0:
-            started = time.perf_counter()
-            snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step)
-            metrics[m.SNAPSHOT_S] = time.perf_counter() - started
+        final = step == self.spec.steps
+        checkpoint = step % self.spec.checkpoint_every == 0 or final
+        if self.snapshot_every and not final and (checkpoint or step % self.snapshot_every == 0):
+            self._snapshot(runner, step, metrics)
         if not checkpoint and step % self.spec.report_every:
             return
         batch, self.pending = {m.ROWS: self.pending}, []
@@ -332,6 +335,13 @@ class ElasticTrainer:
             if dist.is_initialized():
                 dist.barrier()  # every rank's shard is persisted before any temp dir goes
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _snapshot(self, runner: StepRunner, step: int, metrics: dict[str, Any]) -> None:
+        """A snapshot at ``step``; at a checkpoint's step too: its registration needs every
+        rank's report, so a node lost during it leaves the previous checkpoint the newest."""
+        started = time.perf_counter()
+        if snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step):
+            metrics[m.SNAPSHOT_S] = time.perf_counter() - started
 
     def _mark_progress(self, step: int) -> None:
         """Rank 0 notes each finished step where the driver can read it after a failure (the

@@ -71,7 +71,10 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
     import ray.train.torch
 
     from train_fns.elastic import RunSpec
-    from train_fns.trainer import ElasticTrainer
+    from train_fns.trainer import ElasticTrainer, Marks
+
+    setup = Marks(launched_at)
+    setup.mark("imports")
 
     def report(metrics: dict[str, Any], directory: Path | None) -> None:
         checkpoint = None if directory is None else ray.train.Checkpoint.from_directory(directory)
@@ -83,6 +86,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     with contextlib.ExitStack() as stack:
         directory = None if checkpoint is None else stack.enter_context(checkpoint.as_directory())
+        setup.mark("checkpoint")
         ElasticTrainer(
             RunSpec(**config),
             rank=context.get_world_rank(),
@@ -91,25 +95,40 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
             report=report,
             checkpoint_dir=None if directory is None else Path(directory),
             keeper=None if handle is None else KeeperHandle(handle),
-            launched_at=launched_at,
+            setup=setup,
         ).run()
 
 
 class KeeperHandle:
     """The driver's snapshot keeper (``orchestrator.train.snapshots``) as
-    ``train_fns.snapshots.Keeper``: a put does not wait (the step goes on while the bytes
-    travel; a put that never arrives leaves the previous snapshot)."""
+    ``train_fns.snapshots.Keeper``, on rank 0: a put does not wait for its bytes to arrive (the
+    step goes on), only for the previous put's; a keeper that cannot be reached is said and
+    the run resumes from its checkpoint."""
+
+    LATEST_TIMEOUT_S = 120.0
+    """A snapshot of up to ``train.snapshot_max_mb`` crossing the network to a new rank 0."""
 
     def __init__(self, actor: Any) -> None:
-        self.actor = actor
+        self.actor, self.generation, self.pending = actor, 0, None
 
     def put(self, step: int, data: bytes) -> None:
-        self.actor.put.remote(step, data)
-
-    def latest(self) -> tuple[int, bytes] | None:
         import ray
 
-        return ray.get(self.actor.latest.remote())
+        if self.pending is not None:
+            ray.wait([self.pending])
+        self.pending = self.actor.put.remote(self.generation, step, data)
+
+    def latest(self, than_step: int) -> tuple[int, bytes] | None:
+        import ray
+
+        try:
+            call = self.actor.resume.remote(than_step)
+            self.generation, found = ray.get(call, timeout=self.LATEST_TIMEOUT_S)
+        except ray.exceptions.RayError as e:
+            print(f"snapshots: the keeper did not answer ({type(e).__name__}): resuming from "
+                  "the checkpoint", flush=True)  # fmt: skip
+            return None
+        return found
 
 
 def probe_loop_per_worker(config: dict[str, Any]) -> None:

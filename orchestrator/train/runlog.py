@@ -51,21 +51,46 @@ class RunRelay(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         texts = {rank: f"{type(e).__name__}: {e}"[:500] for rank, e in worker_exceptions.items()}
         self._queue.put({"failure": texts, "time": time.time()})
+        refresh_cluster_view()  # the restart that follows is sized next
+
+
+COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")
+"""Ray Train's elastic policy sizes a restart from Ray's autoscaling coordinator (this named
+actor, name and namespace), whose view of the nodes is refreshed every 20 s (Ray 2.60): after a
+node loss it still offers the lost node's CPUs, so the restart asks for the old size and waits
+``train.start_timeout_s`` before asking for the size the cluster has (10 of 18 s of a recovery
+on the local twin)."""
+POLICY_CACHE_S = 1.0
+"""The policy asks the coordinator at most once a second (Ray 2.60) and keeps the answer."""
+
+
+def refresh_cluster_view() -> None:
+    """On the Train controller, as a worker group fails: make the coordinator re-read the
+    nodes now and let the policy's cached answer expire, so that the restart is sized from the
+    cluster as it is. Best effort: a Ray without this actor or method keeps its own timing."""
+    import ray
+
+    try:
+        actor = ray.get_actor(*COORDINATOR)
+        ray.get(actor.get_reserved_resources.remote("commtune", recompute=True), timeout=5)
+    except (ValueError, AttributeError, TypeError, ray.exceptions.RayError):
+        return
+    time.sleep(POLICY_CACHE_S)
 
 
 def snapshot_line(event: dict[str, Any], max_mb: float) -> str:
-    """What a failure would re-do at most: the snapshot interval, or the checkpoint's."""
+    """What a failure would re-do at most: the snapshot interval, or the checkpoint's (and
+    which setting turned snapshots off)."""
     every, state_mb = event.get("snapshot_every") or 0, event.get("state_mb") or 0.0
     if every:
-        return (f"snapshots: every {every} steps between checkpoints ({state_mb:.1f} MB kept on "
-                "the driver's node): a lost node re-does at most that many steps")  # fmt: skip
-    if max_mb and state_mb > max_mb:
-        return (f"snapshots: off, the state weighs {state_mb:.0f} MB > train.snapshot_max_mb="
+        return (f"snapshots: every {every} steps and at each checkpoint ({state_mb:.1f} MB kept "
+                "on the driver's node): a lost node re-does at most that many steps (more only "
+                "where the newest snapshot was still on its way)")  # fmt: skip
+    if event.get("snapshot_off") == "train.snapshot_max_mb":
+        return (f"snapshots: off, the state weighs {state_mb:.1f} MB > train.snapshot_max_mb="
                 f"{max_mb:g}: a failure re-does up to train.checkpoint_every steps")  # fmt: skip
-    return (
-        "snapshots: off (train.snapshot_every): a failure re-does up to train.checkpoint_every "
-        "steps"
-    )
+    return ("snapshots: off (train.snapshot_every is 0, or checkpoints come every step or two): "
+            "a failure re-does up to train.checkpoint_every steps")  # fmt: skip
 
 
 def failure_reason(texts: dict[int, str], nodes_lost: int = 0) -> str:
@@ -86,7 +111,8 @@ class Restart:
     world_after: int
     first_step_at: float | None = None
     source: str = "checkpoint"
-    """What it resumed from: ``checkpoint`` or ``snapshot`` (``train_fns.snapshots``)."""
+    """What it resumed from: ``checkpoint``, ``snapshot`` (``train_fns.snapshots``) or
+    ``start`` (neither existed yet: it started over)."""
     launched_at: float | None = None
     """When the new group's worker function began (Ray's restart before it)."""
     started_at: float | None = None
@@ -98,17 +124,18 @@ class Restart:
         return max(0, self.last_step - self.resumed_from)
 
     def line(self) -> str:
+        where = (f"resumed from the {self.source} at step {self.resumed_from}"
+                 if self.source != "start" else "started over from step 0")  # fmt: skip
         return (
-            f"restart: {self.reason}; {self.world_before} -> {self.world_after} workers, resumed "
-            f"from the {self.source} at step {self.resumed_from} ({self.redone} step(s) re-done)"
-            f"{self.wait()}"
+            f"restart: {self.reason}; {self.world_before} -> {self.world_after} workers, {where} "
+            f"({self.redone} step(s) re-done){self.wait()}"
         )
 
     def wait(self) -> str:
         """How long from the failure to the first step, and where that time went."""
         if not (self.failed_at and self.first_step_at):
             return ""
-        text = f", first step {self.first_step_at - self.failed_at:.1f}s after the failure"
+        text = f", first step {self.first_step_at - self.failed_at:.1f}s after the failure was seen"
         if not (self.launched_at and self.started_at):
             return text
         parts = [f"new worker group {self.launched_at - self.failed_at:.1f}s"]
@@ -137,6 +164,9 @@ class RunLog:
     """The running start's entry: its size and what the search measured for it."""
     snapshot_max_mb: float = 0.0
     """train.snapshot_max_mb, named where a state too large for snapshots is said."""
+    snapshot_s: list[float] = field(default_factory=list)
+    """The seconds of every snapshot taken, as the steps came (a re-done step's row replaces
+    the first one's; its snapshot counts again)."""
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +248,7 @@ class RunLog:
         else:
             reason = "node added: scaled up" if world > self.world else "resized"
         restart = Restart(reason, failure and failure["time"], self.last_step, resumed,
-                          self.world, world, source=event.get("resumed_from") or "checkpoint",
+                          self.world, world, source=event.get("resumed_from") or "start",
                           launched_at=event.get("launched_at"), started_at=event.get("started_at"),
                           setup_s=event.get("setup_s") or {})  # fmt: skip
         self.restarts.append(restart)
@@ -234,6 +264,8 @@ class RunLog:
             if restart.failed_at:
                 print(f"recovered: {restart.redone} step(s) re-done{restart.wait()}", flush=True)
         self.last_step = step
+        if report.get(m.SNAPSHOT_S) is not None:
+            self.snapshot_s.append(report[m.SNAPSHOT_S])
         self.rows[step] = report = {**report, **self.entry}
         handle, writer = self._progress
         writer.writerow([self.attempt, *(report.get(c) for c in PROGRESS_COLUMNS[1:])])
@@ -282,7 +314,7 @@ class RunLog:
             world_sizes=sorted({r[m.WORLD_SIZE] for r in rows}),
             by_size=self._by_size(rows),
             restarts=[vars(r) | {"line": r.line()} for r in self.restarts],
-            snapshots=_snapshots(rows),
+            snapshots=_snapshots(self.snapshot_s),
             warnings=list(self.warnings),
             error=error,
         )
@@ -316,9 +348,8 @@ class RunLog:
             handle.close()
 
 
-def _snapshots(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """How many snapshots the logged steps took and what one cost (None: none taken)."""
-    took = [r[m.SNAPSHOT_S] for r in rows if r.get(m.SNAPSHOT_S) is not None]
+def _snapshots(took: list[float]) -> dict[str, Any] | None:
+    """How many snapshots the run took (a re-done step's too) and what one cost (None: none)."""
     if not took:
         return None
     return {"taken": len(took), "median_s": _median(took), "total_s": sum(took)}

@@ -11,18 +11,24 @@ from typing import Any
 
 
 class SnapshotKeeper:
-    """Holds the newest snapshot: a put for an older step (one still in flight from a group
-    that has since restarted) is ignored."""
+    """Holds the newest snapshot. Each (re)start of the worker group asks for it once
+    (``resume``), which opens a new generation: a put still in flight from a group that has
+    since restarted (an older generation) is ignored, so a later restart never jumps to the
+    old group's steps; within a generation a put for an older step is ignored too."""
 
     def __init__(self) -> None:
-        self.step, self.data = 0, b""
+        self.generation, self.step, self.data = 0, 0, b""
 
-    def put(self, step: int, data: bytes) -> None:
-        if step > self.step:
+    def resume(self, than_step: int) -> tuple[int, tuple[int, bytes] | None]:
+        """A new generation, and the snapshot if it is newer than ``than_step`` (the
+        checkpoint's step): an older one is not sent."""
+        self.generation += 1
+        newer = self.data and self.step > than_step
+        return self.generation, (self.step, self.data) if newer else None
+
+    def put(self, generation: int, step: int, data: bytes) -> None:
+        if generation == self.generation and step > self.step:
             self.step, self.data = step, data
-
-    def latest(self) -> tuple[int, bytes] | None:
-        return (self.step, self.data) if self.data else None
 
 
 def start_keeper() -> Any:

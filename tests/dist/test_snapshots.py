@@ -31,9 +31,11 @@ class FolderKeeper:
     def put(self, step: int, data: bytes) -> None:
         (self.folder / f"{step}.snapshot").write_bytes(data)
 
-    def latest(self) -> tuple[int, bytes] | None:
+    def latest(self, than_step: int) -> tuple[int, bytes] | None:
         files = sorted(self.folder.glob("*.snapshot"), key=lambda f: int(f.stem))
-        return (int(files[-1].stem), files[-1].read_bytes()) if files else None
+        if not files or int(files[-1].stem) <= than_step:
+            return None
+        return int(files[-1].stem), files[-1].read_bytes()
 
 
 def spec(kind: str) -> dict:
@@ -82,14 +84,29 @@ def test_a_restart_from_the_newest_snapshot_trains_on_exactly(
 
 
 def test_a_snapshot_no_newer_than_the_checkpoint_is_not_used(tmp_path) -> None:  # noqa: ANN001
+    """Rank 0 asks; one rank (no side group) has nothing to broadcast."""
     keeper = FolderKeeper(str(tmp_path))
     keeper.put(4, _bytes({"step": 4}))
     assert snapshots.newer(keeper, 0, than_step=4) is None
     found = snapshots.newer(keeper, 0, than_step=3)
-    assert found.state == {"step": 4} and found.stateful == ["b", "a"][::-1]
+    assert found.state == {"step": 4} and found.stateful == ["a", "b"]
     assert found.tensors["model"] == {}
-    assert snapshots.newer(keeper, 1, than_step=0) is None  # rank 0 asks (and broadcasts)
     assert snapshots.newer(None, 0, than_step=0) is None
+
+
+def test_the_keeper_ignores_a_put_from_a_group_that_has_since_restarted() -> None:
+    from orchestrator.train.snapshots import SnapshotKeeper
+
+    keeper = SnapshotKeeper()
+    first, found = keeper.resume(0)
+    assert found is None
+    keeper.put(first, 10, b"ten")
+    second, found = keeper.resume(5)  # the group restarts; a checkpoint at 5
+    assert found == (10, b"ten")
+    keeper.put(first, 15, b"late")  # still on its way from the first group: ignored
+    keeper.put(second, 12, b"twelve")
+    assert keeper.resume(10)[1] == (12, b"twelve")
+    assert keeper.resume(12)[1] is None  # the checkpoint is as new: its bytes are not sent
 
 
 def _bytes(state: dict) -> bytes:

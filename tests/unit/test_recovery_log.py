@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.train.run import snapshot_every
-from orchestrator.train.runlog import RunLog
+from orchestrator.train.runlog import Restart, RunLog
 from train_fns import metrics as m
 
 
@@ -32,33 +32,35 @@ def test_a_restart_from_a_snapshot_says_so_and_where_its_time_went(tmp_path: Pat
     log = RunLog(tmp_path, steps=40, log_every=100, snapshot_max_mb=1024)
     took = {5: {m.SNAPSHOT_S: 0.02}, 15: {m.SNAPSHOT_S: 0.04}}
     _steps(log, range(1, 18), 2, _start(2, snapshot_every=5, state_mb=0.4), 1000.0, took)
-    assert "snapshots: every 5 steps between checkpoints (0.4 MB" in capsys.readouterr().out
+    assert "snapshots: every 5 steps and at each checkpoint (0.4 MB" in capsys.readouterr().out
     log.take({"failure": {1: "ActorDiedError: node died"}, "time": 2000.0})
     setup = {"imports": 1.5, "build": 0.9, "plan": 0.01}  # under 0.05 s: not said
     restart = _start(1, resumed_from="snapshot", resumed_from_step=15, launched_at=2003.0,
                      started_at=2005.5, setup_s=setup)  # fmt: skip
-    _steps(log, range(16, 41), 1, restart, 2006.0)
+    _steps(log, range(16, 41), 1, restart, 2006.0, {20: {m.SNAPSHOT_S: 0.03}})
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("restart: node lost; 2 -> 1 workers, resumed from the snapshot "
                                "at step 15 (2 step(s) re-done); accumulation")  # fmt: skip
     assert lines[2] == (
-        "recovered: 2 step(s) re-done, first step 6.0s after the failure (new worker group "
-        "3.0s, imports 1.5s, build 0.9s, first step 0.5s)"
+        "recovered: 2 step(s) re-done, first step 6.0s after the failure was seen (new worker "
+        "group 3.0s, imports 1.5s, build 0.9s, first step 0.5s)"
     )
     summary = log.summary(100.0, None)
     log.close()
-    assert summary["snapshots"] == {"taken": 2, "median_s": 0.04, "total_s": pytest.approx(0.06)}
+    assert summary["snapshots"] == {"taken": 3, "median_s": 0.03, "total_s": pytest.approx(0.09)}
     (restarted,) = summary["restarts"]
     assert [restarted[k] for k in ("source", "last_step", "resumed_from")] == ["snapshot", 17, 15]
-    assert restarted["line"].endswith("(2 step(s) re-done), first step 6.0s after the failure "
-                                      "(new worker group 3.0s, imports 1.5s, build 0.9s, "
-                                      "first step 0.5s)")  # fmt: skip
+    assert restarted["line"].endswith(
+        "(2 step(s) re-done), first step 6.0s after the failure was seen (new worker group 3.0s,"
+        " imports 1.5s, build 0.9s, first step 0.5s)"
+    )
 
 
 def test_a_restart_from_a_checkpoint_and_snapshots_off_are_said(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     log = RunLog(tmp_path, steps=30, log_every=100, snapshot_max_mb=1024)
-    _steps(log, range(1, 13), 2, _start(2, snapshot_every=0, state_mb=4096.0), 1000.0)
-    assert "snapshots: off, the state weighs 4096 MB > train.snapshot_max_mb=1024" in (
+    heavy = _start(2, snapshot_every=0, state_mb=4096.0, snapshot_off="train.snapshot_max_mb")
+    _steps(log, range(1, 13), 2, heavy, 1000.0)
+    assert "snapshots: off, the state weighs 4096.0 MB > train.snapshot_max_mb=1024" in (
         capsys.readouterr().out
     )
     log.take({"failure": {1: "died"}, "time": 2000.0})
@@ -66,9 +68,11 @@ def test_a_restart_from_a_checkpoint_and_snapshots_off_are_said(tmp_path: Path, 
            2009.0)  # fmt: skip
     out = capsys.readouterr().out
     assert "resumed from the checkpoint at step 10 (2 step(s) re-done)" in out
-    assert "recovered: 2 step(s) re-done, first step 9.0s after the failure\n" in out
+    assert "recovered: 2 step(s) re-done, first step 9.0s after the failure was seen\n" in out
     assert log.summary(1.0, None)["snapshots"] is None
     log.close()
+    fresh = Restart("worker died", 1.0, 4, 0, 2, 2, source="start")  # before any checkpoint
+    assert "2 -> 2 workers, started over from step 0 (4 step(s) re-done)" in fresh.line()
 
 
 def test_snapshots_default_to_half_the_checkpoint_interval() -> None:
@@ -80,6 +84,7 @@ def test_snapshots_default_to_half_the_checkpoint_interval() -> None:
     assert every("train.checkpoint_every=2") == 0  # a snapshot would save nothing
     assert every("train.checkpoint_every=10", "train.snapshot_every=1") == 1
     assert every("train.snapshot_every=0") == 0
-    for bad in ("train.snapshot_every=-1", "train.snapshot_max_mb=-5"):
-        with pytest.raises(ConfigError, match=bad.split("=")[0]):
-            load_config(preset="smoke", sets=[bad])
+    for bad in ("train.snapshot_every=-1", "train.snapshot_max_mb=-5", "train.snapshot_every=10"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]) as e:
+            load_config(preset="smoke", sets=[bad, "train.checkpoint_every=10"])
+    assert "set it below 10, or 0 for none" in str(e.value)
