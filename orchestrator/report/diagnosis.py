@@ -176,7 +176,8 @@ def section_gradients(record: RunRecord) -> str:
 
 
 def _summary_line(record: RunRecord) -> str:
-    """The training run's totals (``Summary``: a figure of the wrong kind is absent)."""
+    """The training run's totals (``Summary``: a figure of the wrong kind is absent), and each
+    restart's line: what it resumed from, the steps re-done, where its seconds went."""
     summary = record.summary
     figures = (("steps", summary.steps), ("final_loss", summary.final_loss),
                ("samples_per_s", summary.samples_per_s),
@@ -187,7 +188,11 @@ def _summary_line(record: RunRecord) -> str:
         shown.append(f"loss scale {summary.loss_scale:g}")
     if summary.restarts is not None:
         shown.append(f"{len(summary.restarts)} restart(s)")
-    return f"<p>{esc('Training run: ' + ', '.join(shown))}.</p>" if shown else ""
+    restarts = [r["line"] for r in summary.restarts or []
+                if isinstance(r, dict) and isinstance(r.get("line"), str)]  # fmt: skip
+    listed = "".join(f"<li>{esc(line)}</li>" for line in restarts)
+    text = f"<p>{esc('Training run: ' + ', '.join(shown))}.</p>" if shown else ""
+    return text + (f"<ul>{listed}</ul>" if listed else "")
 
 
 def section_findings(record: RunRecord) -> str:

@@ -30,7 +30,7 @@ def _steps(log: RunLog, steps: range, world: int, start: dict, at: float,
 
 def test_a_restart_from_a_snapshot_says_so_and_where_its_time_went(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     log = RunLog(tmp_path, steps=40, log_every=100, snapshot_max_mb=1024)
-    took = {5: {m.SNAPSHOT_S: 0.02}, 15: {m.SNAPSHOT_S: 0.04}}
+    took = {5: {m.SNAPSHOT_S: 0.02, m.LAYER_GRAD_NORMS: {"layer.0": 1.0}}, 15: {m.SNAPSHOT_S: 0.04}}
     _steps(log, range(1, 18), 2, _start(2, snapshot_every=5, state_mb=0.4), 1000.0, took)
     assert "snapshots: every 5 steps and at each checkpoint (0.4 MB" in capsys.readouterr().out
     log.take({"failure": {1: "ActorDiedError: node died"}, "time": 2000.0})
@@ -47,6 +47,11 @@ def test_a_restart_from_a_snapshot_says_so_and_where_its_time_went(tmp_path: Pat
     )
     summary = log.summary(100.0, None)
     log.close()
+    from orchestrator.report.diagnosis import section_gradients
+    from orchestrator.runfiles import collect
+
+    shown = section_gradients(collect([tmp_path]))  # the report's training-run section
+    assert "1 restart(s)" in shown and "<li>restart: node lost; 2 -&gt; 1 workers" in shown
     assert summary["snapshots"] == {"taken": 3, "median_s": 0.03, "total_s": pytest.approx(0.09)}
     (restarted,) = summary["restarts"]
     assert [restarted[k] for k in ("source", "last_step", "resumed_from")] == ["snapshot", 17, 15]
