@@ -31,13 +31,11 @@ MIN_TRIALS = 4
 
 def size_config(config: Config, size: int, primary: bool) -> Config:
     """``config`` for the search at ``size``: the primary keeps its name and trials; a smaller
-    size has its own study name (a shared database holds both), half the trials, and no
-    1-worker scaling baseline (the primary's measured it: the same model and global batch)."""
+    size has its own study name (a shared database holds both) and half the trials."""
     if primary:  # what it writes becomes the entries: an older best.yaml's are not kept
         return dataclasses.replace(config, sizes={})
     trials = min(config.search.trials, max(MIN_TRIALS, math.ceil(config.search.trials / 2)))
-    search = dataclasses.replace(config.search, trials=trials, world_sizes=[],
-                                 scaling_baseline=False)  # fmt: skip
+    search = dataclasses.replace(config.search, trials=trials, world_sizes=[])
     cluster = dataclasses.replace(config.cluster, num_workers=size)
     return dataclasses.replace(config, name=f"{config.name}-size{size}", cluster=cluster,
                                search=search, sizes={})  # fmt: skip

@@ -47,7 +47,6 @@ def test_a_smaller_size_searches_on_its_own_name_with_half_the_trials() -> None:
     one = size_config(config, 1, primary=False)
     assert (one.name, one.cluster.num_workers, one.search.world_sizes) == ("cpu-demo-size1", 1, [])
     assert one.search.trials == 5 and config.search.trials == 9
-    assert config.search.scaling_baseline and not one.search.scaling_baseline  # the primary's
     few = load_config(preset="smoke", sets=["search.world_sizes=[2, 1]"])
     assert size_config(few, 1, primary=False).search.trials == 3  # never more than the primary
 
