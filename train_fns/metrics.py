@@ -96,6 +96,8 @@ CHECKPOINT_STEP = "checkpoint_step"
 """Set on the reports that carry a checkpoint: the step it resumes at."""
 SNAPSHOT_S = "snapshot_s"
 """Set on the steps that took an in-memory snapshot (``train_fns.snapshots``): its seconds."""
+SNAPSHOT_HELD_BACK = "snapshot_held_back"
+"""Set on the steps whose snapshot was not sent: the previous one was still on its way."""
 
 # Trial-level metrics computed by the driver from the windows.
 SAMPLES_PER_S = "samples_per_s"

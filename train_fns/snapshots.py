@@ -22,16 +22,25 @@ import torch.distributed as dist
 from train_fns.loop import StepRunner
 
 
+class KeeperUnreachable(RuntimeError):
+    """The keeper did not answer: this start goes on without snapshots, from its checkpoint."""
+
+
 class Keeper(Protocol):
     """Where rank 0 sends snapshots and a restart's rank 0 asks for the newest one."""
 
-    def put(self, step: int, data: bytes) -> None:
-        """Keep ``data`` as the snapshot at ``step``: without waiting for it to arrive, but
-        after the previous one arrived (a slow transfer holds the next, not piles up)."""
+    def put(self, step: int, data: bytes) -> bool:
+        """Send ``data`` as the snapshot at ``step`` without waiting for it to arrive; False
+        (not sent) while the previous one is still on its way: a slow link skips snapshots
+        rather than pile them up or hold the step back."""
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
-        """The newest snapshot if it is newer than ``than_step`` (None: none, or the keeper
-        cannot be reached). Puts from an earlier group that arrive after this are ignored."""
+        """The newest snapshot if it is newer than ``than_step`` (None: none). Puts from an
+        earlier group that arrive after this are ignored. Raises KeeperUnreachable."""
+
+
+SENT, HELD_BACK = "sent", "held back"
+"""What ``take`` did with a snapshot on rank 0."""
 
 
 def state_bytes(runner: StepRunner) -> int:
@@ -48,23 +57,24 @@ def _options(**extra: bool) -> Any:
     return StateDictOptions(full_state_dict=True, **extra)
 
 
-def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -> bool:
+def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -> str | None:
     """Every rank: gather the full state; rank 0 sends it, with the run's ``state`` (step,
     data position, split, scaler, controller: what a checkpoint's train_state.json holds).
     Not before the optimizer has state (every step so far skipped as non-finite): gathering
-    would make torch initialise it with a zero step, which the uninterrupted run never took.
-    The same answer on every rank; returns whether it was taken."""
+    would make torch initialise it with a zero step, which the uninterrupted run never took
+    (the same answer on every rank: None). Rank 0 returns SENT or HELD_BACK (the previous
+    snapshot still on its way); the other ranks SENT."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     if not runner.optimizer.state:
-        return False
+        return None
     options = _options(cpu_offload=True)
     model_sd, optim_sd = get_state_dict(runner.model, runner.optimizer, options=options)
-    if runner.rank == 0:
-        buffer = io.BytesIO()
-        torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
-        keeper.put(step, buffer.getvalue())
-    return True
+    if runner.rank != 0:
+        return SENT
+    buffer = io.BytesIO()
+    torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
+    return SENT if keeper.put(step, buffer.getvalue()) else HELD_BACK
 
 
 @dataclass
@@ -80,27 +90,34 @@ class Snapshot:
     """Model and optimizer state: rank 0's only (it broadcasts them in ``load``)."""
 
 
-def newer(keeper: Keeper | None, rank: int, than_step: int) -> Snapshot | None:
-    """The keeper's snapshot if it is newer than the checkpoint's step: rank 0 asks and
-    broadcasts what every rank needs to know of it over the gloo side group (no NCCL
-    communicator may exist before the entry's variables are set: ``sizes.apply_env``). A run
-    without a keeper has none on any rank: nothing to agree on."""
+def newer(keeper: Keeper | None, rank: int, than_step: int) -> tuple[Snapshot | None, bool]:
+    """The keeper's snapshot if it is newer than the checkpoint's step, and whether this
+    start can send snapshots (a keeper that did not answer: none this start). Rank 0 asks and
+    broadcasts what every rank needs over the gloo side group (no NCCL communicator may exist
+    before the entry's variables are set: ``sizes.apply_env``). Without a keeper, no rank has
+    one: nothing to agree on."""
     from train_fns.ranks import side_group
 
     if keeper is None:
-        return None
-    found = None
-    latest = keeper.latest(than_step) if rank == 0 else None
-    if latest is not None:
-        tensors = torch.load(io.BytesIO(latest[1]), weights_only=True)
-        found = Snapshot(tensors["state"], sorted(tensors["optim"]["state"]), tensors)
+        return None, False
+    found, usable = None, True
+    if rank == 0:
+        try:
+            latest = keeper.latest(than_step)
+        except KeeperUnreachable as e:
+            print(f"snapshots: off for this start, {e}: resuming from the checkpoint", flush=True)
+            latest, usable = None, False
+        if latest is not None:
+            tensors = torch.load(io.BytesIO(latest[1]), weights_only=True)
+            found = Snapshot(tensors["state"], sorted(tensors["optim"]["state"]), tensors)
     group = side_group()
     if group is not None:
-        box = [None if found is None else (found.state, found.stateful)]
+        box = [(usable, None if found is None else (found.state, found.stateful))]
         dist.broadcast_object_list(box, src=0, group=group)
-        if rank != 0 and box[0] is not None:
-            found = Snapshot(*box[0], tensors=None)
-    return found
+        usable, known = box[0]
+        if rank != 0 and known is not None:
+            found = Snapshot(*known, tensors=None)
+    return found, usable
 
 
 def load(runner: StepRunner, snapshot: Snapshot) -> None:

@@ -96,7 +96,9 @@ class ElasticTrainer:
 
     def run(self) -> None:
         saved = self._saved_state()
-        snapshot = snapshots.newer(self.keeper, self.rank, saved.get("step", 0))
+        snapshot, usable = snapshots.newer(self.keeper, self.rank, saved.get("step", 0))
+        if not usable and self.keeper is not None:
+            self.keeper, self.snapshot_off = None, "keeper"
         self.resumed_from = "snapshot" if snapshot else "checkpoint" if saved else None
         saved = snapshot.state if snapshot else saved
         self.setup.mark("state")
@@ -123,12 +125,13 @@ class ElasticTrainer:
             watchdog.stop()
 
     def _snapshot_every(self, runner: StepRunner) -> int:
-        """Steps between snapshots in this start: none without a keeper, or where the state
-        weighs more than ``spec.snapshot_max_mb`` (the start event says which)."""
+        """Steps between snapshots in this start: none without a keeper (none configured, or
+        it did not answer: ``snapshot_off`` is already "keeper"), or where the state weighs
+        more than ``spec.snapshot_max_mb`` (the start event says which)."""
         self.state_mb = snapshots.state_bytes(runner) / 2**20
-        if self.keeper is None or not self.spec.snapshot_every:
+        if self.snapshot_off is None and (self.keeper is None or not self.spec.snapshot_every):
             self.snapshot_off = "train.snapshot_every"
-        elif self.state_mb > self.spec.snapshot_max_mb:
+        elif self.snapshot_off is None and self.state_mb > self.spec.snapshot_max_mb:
             self.snapshot_off = "train.snapshot_max_mb"
         return 0 if self.snapshot_off else self.spec.snapshot_every
 
@@ -340,8 +343,11 @@ class ElasticTrainer:
         """A snapshot at ``step``; at a checkpoint's step too: its registration needs every
         rank's report, so a node lost during it leaves the previous checkpoint the newest."""
         started = time.perf_counter()
-        if snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step):
+        done = snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step)
+        if done == snapshots.SENT:
             metrics[m.SNAPSHOT_S] = time.perf_counter() - started
+        elif done == snapshots.HELD_BACK:
+            metrics[m.SNAPSHOT_HELD_BACK] = True
 
     def _mark_progress(self, step: int) -> None:
         """Rank 0 notes each finished step where the driver can read it after a failure (the

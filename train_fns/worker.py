@@ -102,8 +102,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
 class KeeperHandle:
     """The driver's snapshot keeper (``orchestrator.train.snapshots``) as
     ``train_fns.snapshots.Keeper``, on rank 0: a put does not wait for its bytes to arrive (the
-    step goes on), only for the previous put's; a keeper that cannot be reached is said and
-    the run resumes from its checkpoint."""
+    step goes on); one sent while the previous is still on its way is held back instead."""
 
     LATEST_TIMEOUT_S = 120.0
     """A snapshot of up to ``train.snapshot_max_mb`` crossing the network to a new rank 0."""
@@ -111,23 +110,24 @@ class KeeperHandle:
     def __init__(self, actor: Any) -> None:
         self.actor, self.generation, self.pending = actor, 0, None
 
-    def put(self, step: int, data: bytes) -> None:
+    def put(self, step: int, data: bytes) -> bool:
         import ray
 
-        if self.pending is not None:
-            ray.wait([self.pending])
+        if self.pending is not None and not ray.wait([self.pending], timeout=0)[0]:
+            return False
         self.pending = self.actor.put.remote(self.generation, step, data)
+        return True
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
         import ray
+
+        from train_fns.snapshots import KeeperUnreachable
 
         try:
             call = self.actor.resume.remote(than_step)
             self.generation, found = ray.get(call, timeout=self.LATEST_TIMEOUT_S)
         except ray.exceptions.RayError as e:
-            print(f"snapshots: the keeper did not answer ({type(e).__name__}): resuming from "
-                  "the checkpoint", flush=True)  # fmt: skip
-            return None
+            raise KeeperUnreachable(f"the keeper did not answer ({type(e).__name__})") from e
         return found
 
 

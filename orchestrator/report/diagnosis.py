@@ -147,8 +147,10 @@ def section_gradients(record: RunRecord) -> str:
         step, norm = num(r.get("step")), num(r.get("norm"))
         if step is not None and norm is not None:
             per_layer[r.get("layer", "?")].append((step, norm))
-    if not per_layer:
-        return missing(f"{GRAD_NORMS_CSV} holds no (step, layer, norm) rows.")
+    if not per_layer:  # a short or early-ended run: its totals and restarts still show
+        return _summary_line(record) + missing(
+            f"{GRAD_NORMS_CSV} holds no (step, layer, norm) rows."
+        )
     last = max(s for points in per_layer.values() for s, _ in points)
     final = [n for points in per_layer.values() for s, n in points if s == last]
     fig = Figure(figsize=(10.0, 3.6), dpi=100, layout="constrained")

@@ -49,7 +49,8 @@ class Summary:
     """One per restart: reason, steps, world before and after, what it resumed from, where
     its seconds went, and the line printed."""
     snapshots: dict[str, Any] | None = None
-    """In-memory snapshots taken between checkpoints: ``taken``, ``median_s``, ``total_s``."""
+    """In-memory snapshots taken between checkpoints: ``taken``, ``median_s``, ``total_s``,
+    ``held_back`` (not sent: the previous one was still on its way)."""
     warnings: list[str] | None = None
     error: str | None = None
     """Why the run failed (None when it did not)."""

@@ -44,6 +44,7 @@ class RunRelay(UserCallback):
 
     def __init__(self, queue: Any) -> None:
         self._queue = queue
+        self._refreshed_at = -math.inf
 
     def after_report(self, run_context: Any, metrics: list[dict], checkpoint: Any) -> None:
         self._queue.put({"report": metrics[0], "checkpoint": getattr(checkpoint, "path", None)})
@@ -51,7 +52,9 @@ class RunRelay(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         texts = {rank: f"{type(e).__name__}: {e}"[:500] for rank, e in worker_exceptions.items()}
         self._queue.put({"failure": texts, "time": time.time()})
-        refresh_cluster_view()  # the restart that follows is sized next
+        if time.monotonic() - self._refreshed_at > REFRESH_EVERY_S:  # once per failure
+            self._refreshed_at = time.monotonic()
+            refresh_cluster_view()  # the restart that follows is sized next
 
 
 COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")
@@ -62,6 +65,9 @@ node loss it still offers the lost node's CPUs, so the restart asks for the old 
 on the local twin)."""
 POLICY_CACHE_S = 1.0
 """The policy asks the coordinator at most once a second (Ray 2.60) and keeps the answer."""
+REFRESH_EVERY_S = 10.0
+"""A failing group is reported at every poll until it is replaced (and while Ray preempts
+it): the controller's loop is held for the refresh once, not at each."""
 
 
 def refresh_cluster_view() -> None:
@@ -86,6 +92,9 @@ def snapshot_line(event: dict[str, Any], max_mb: float) -> str:
         return (f"snapshots: every {every} steps and at each checkpoint ({state_mb:.1f} MB kept "
                 "on the driver's node): a lost node re-does at most that many steps (more only "
                 "where the newest snapshot was still on its way)")  # fmt: skip
+    if event.get("snapshot_off") == "keeper":
+        return ("snapshots: off for this start, the keeper on the driver's node did not answer: "
+                "a failure re-does up to train.checkpoint_every steps")  # fmt: skip
     if event.get("snapshot_off") == "train.snapshot_max_mb":
         return (f"snapshots: off, the state weighs {state_mb:.1f} MB > train.snapshot_max_mb="
                 f"{max_mb:g}: a failure re-does up to train.checkpoint_every steps")  # fmt: skip
@@ -167,6 +176,8 @@ class RunLog:
     snapshot_s: list[float] = field(default_factory=list)
     """The seconds of every snapshot taken, as the steps came (a re-done step's row replaces
     the first one's; its snapshot counts again)."""
+    held_back: int = 0
+    """Snapshots not sent: the previous one was still on its way."""
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -264,8 +275,7 @@ class RunLog:
             if restart.failed_at:
                 print(f"recovered: {restart.redone} step(s) re-done{restart.wait()}", flush=True)
         self.last_step = step
-        if report.get(m.SNAPSHOT_S) is not None:
-            self.snapshot_s.append(report[m.SNAPSHOT_S])
+        self._count_snapshot(report, step)
         self.rows[step] = report = {**report, **self.entry}
         handle, writer = self._progress
         writer.writerow([self.attempt, *(report.get(c) for c in PROGRESS_COLUMNS[1:])])
@@ -277,6 +287,18 @@ class RunLog:
             print(f"step {step:>6}/{self.steps}  loss {report[m.LOSS]:.4f}  "
                   f"{report[m.SAMPLES_PER_S]:8.1f} samples/s  world {report[m.WORLD_SIZE]}{saved}",
                   flush=True)  # fmt: skip
+
+    def _count_snapshot(self, report: dict[str, Any], step: int) -> None:
+        """A step's snapshot, taken (its seconds) or held back (said the first time)."""
+        if report.get(m.SNAPSHOT_S) is not None:
+            self.snapshot_s.append(report[m.SNAPSHOT_S])
+        if not report.get(m.SNAPSHOT_HELD_BACK):
+            return
+        self.held_back += 1
+        if self.held_back == 1:
+            print(f"snapshots: the one at step {step} was held back, the previous still on its "
+                  "way to the driver's node (a link slower than one snapshot every "
+                  "train.snapshot_every steps): a failure may re-do more", flush=True)  # fmt: skip
 
     def _event(self, event: dict[str, Any]) -> None:
         self._events.write(json.dumps(event, default=str) + "\n")
@@ -314,7 +336,7 @@ class RunLog:
             world_sizes=sorted({r[m.WORLD_SIZE] for r in rows}),
             by_size=self._by_size(rows),
             restarts=[vars(r) | {"line": r.line()} for r in self.restarts],
-            snapshots=_snapshots(self.snapshot_s),
+            snapshots=_snapshots(self.snapshot_s, self.held_back),
             warnings=list(self.warnings),
             error=error,
         )
@@ -348,11 +370,13 @@ class RunLog:
             handle.close()
 
 
-def _snapshots(took: list[float]) -> dict[str, Any] | None:
-    """How many snapshots the run took (a re-done step's too) and what one cost (None: none)."""
-    if not took:
+def _snapshots(took: list[float], held_back: int) -> dict[str, Any] | None:
+    """How many snapshots the run took (a re-done step's too), what one cost, how many were
+    held back (None: none taken or held)."""
+    if not took and not held_back:
         return None
-    return {"taken": len(took), "median_s": _median(took), "total_s": sum(took)}
+    return {"taken": len(took), "median_s": _median(took), "total_s": sum(took),
+            "held_back": held_back}  # fmt: skip
 
 
 def _finite(value: Any) -> bool:

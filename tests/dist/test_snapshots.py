@@ -28,8 +28,9 @@ class FolderKeeper:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def put(self, step: int, data: bytes) -> None:
+    def put(self, step: int, data: bytes) -> bool:
         (self.folder / f"{step}.snapshot").write_bytes(data)
+        return True
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
         files = sorted(self.folder.glob("*.snapshot"), key=lambda f: int(f.stem))
@@ -88,11 +89,20 @@ def test_a_snapshot_no_newer_than_the_checkpoint_is_not_used(tmp_path) -> None: 
     """Rank 0 asks; one rank (no side group) has nothing to broadcast."""
     keeper = FolderKeeper(str(tmp_path))
     keeper.put(4, _bytes({"step": 4}))
-    assert snapshots.newer(keeper, 0, than_step=4) is None
-    found = snapshots.newer(keeper, 0, than_step=3)
-    assert found.state == {"step": 4} and found.stateful == ["a", "b"]
+    assert snapshots.newer(keeper, 0, than_step=4) == (None, True)
+    found, usable = snapshots.newer(keeper, 0, than_step=3)
+    assert found.state == {"step": 4} and found.stateful == ["a", "b"] and usable
     assert found.tensors["model"] == {}
-    assert snapshots.newer(None, 0, than_step=0) is None
+    assert snapshots.newer(None, 0, than_step=0) == (None, False)
+    assert snapshots.newer(Unreachable(), 0, than_step=0) == (None, False)  # this start: none
+
+
+class Unreachable(FolderKeeper):
+    def __init__(self) -> None:
+        pass
+
+    def latest(self, than_step: int) -> tuple[int, bytes] | None:
+        raise snapshots.KeeperUnreachable("the keeper did not answer (GetTimeoutError)")
 
 
 def test_the_keeper_ignores_a_put_from_a_group_that_has_since_restarted() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.train.run import snapshot_every
-from orchestrator.train.runlog import Restart, RunLog
+from orchestrator.train.runlog import Restart, RunLog, snapshot_line
 from train_fns import metrics as m
 
 
@@ -37,8 +37,10 @@ def test_a_restart_from_a_snapshot_says_so_and_where_its_time_went(tmp_path: Pat
     setup = {"imports": 1.5, "build": 0.9, "plan": 0.01}  # under 0.05 s: not said
     restart = _start(1, resumed_from="snapshot", resumed_from_step=15, launched_at=2003.0,
                      started_at=2005.5, setup_s=setup)  # fmt: skip
-    _steps(log, range(16, 41), 1, restart, 2006.0, {20: {m.SNAPSHOT_S: 0.03}})
+    later = {20: {m.SNAPSHOT_S: 0.03}, 25: {m.SNAPSHOT_HELD_BACK: True}}
+    _steps(log, range(16, 41), 1, restart, 2006.0, later)
     lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("snapshots: the one at step 25 was held back, the previous still")
     assert lines[1].startswith("restart: node lost; 2 -> 1 workers, resumed from the snapshot "
                                "at step 15 (2 step(s) re-done); accumulation")  # fmt: skip
     assert lines[2] == (
@@ -52,7 +54,12 @@ def test_a_restart_from_a_snapshot_says_so_and_where_its_time_went(tmp_path: Pat
 
     shown = section_gradients(collect([tmp_path]))  # the report's training-run section
     assert "1 restart(s)" in shown and "<li>restart: node lost; 2 -&gt; 1 workers" in shown
-    assert summary["snapshots"] == {"taken": 3, "median_s": 0.03, "total_s": pytest.approx(0.09)}
+    assert summary["snapshots"] == {
+        "taken": 3,
+        "median_s": 0.03,
+        "total_s": pytest.approx(0.09),
+        "held_back": 1,
+    }
     (restarted,) = summary["restarts"]
     assert [restarted[k] for k in ("source", "last_step", "resumed_from")] == ["snapshot", 17, 15]
     assert restarted["line"].endswith(
@@ -76,6 +83,13 @@ def test_a_restart_from_a_checkpoint_and_snapshots_off_are_said(tmp_path: Path, 
     assert "recovered: 2 step(s) re-done, first step 9.0s after the failure was seen\n" in out
     assert log.summary(1.0, None)["snapshots"] is None
     log.close()
+    from orchestrator.report.diagnosis import section_gradients
+    from orchestrator.runfiles import collect
+
+    shown = section_gradients(collect([tmp_path]))  # no layer norms logged: restarts still shown
+    assert "<li>restart: worker died; 2 -&gt; 2 workers, resumed from the checkpoint" in shown
+    off = snapshot_line({"snapshot_off": "keeper", "state_mb": 1.0}, 1024)
+    assert off.startswith("snapshots: off for this start, the keeper on the driver's node did not")
     fresh = Restart("worker died", 1.0, 4, 0, 2, 2, source="start")  # before any checkpoint
     assert "2 -> 2 workers, started over from step 0 (4 step(s) re-done)" in fresh.line()
 
