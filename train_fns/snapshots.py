@@ -29,10 +29,12 @@ class KeeperUnreachable(RuntimeError):
 class Keeper(Protocol):
     """Where rank 0 sends snapshots and a restart's rank 0 asks for the newest one."""
 
-    def put(self, step: int, data: bytes) -> bool:
-        """Send ``data`` as the snapshot at ``step`` without waiting for it to arrive; False
-        (not sent) while the previous one is still on its way: a slow link skips snapshots
-        rather than pile them up or hold the step back."""
+    def ready(self) -> bool:
+        """Whether the previous snapshot has arrived: while it is on its way the next is held
+        back (a slow link skips snapshots rather than pile them up or hold the step)."""
+
+    def put(self, step: int, data: bytes) -> None:
+        """Send ``data`` as the snapshot at ``step`` without waiting for it to arrive."""
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
         """The newest snapshot if it is newer than ``than_step`` (None: none). Puts from an
@@ -72,9 +74,12 @@ def take(runner: StepRunner, state: dict[str, Any], keeper: Keeper, step: int) -
     model_sd, optim_sd = get_state_dict(runner.model, runner.optimizer, options=options)
     if runner.rank != 0:
         return SENT
+    if not keeper.ready():
+        return HELD_BACK
     buffer = io.BytesIO()
     torch.save({"model": model_sd, "optim": optim_sd, "state": state}, buffer)
-    return SENT if keeper.put(step, buffer.getvalue()) else HELD_BACK
+    keeper.put(step, buffer.getvalue())
+    return SENT
 
 
 @dataclass

@@ -110,13 +110,13 @@ class KeeperHandle:
     def __init__(self, actor: Any) -> None:
         self.actor, self.generation, self.pending = actor, 0, None
 
-    def put(self, step: int, data: bytes) -> bool:
+    def ready(self) -> bool:
         import ray
 
-        if self.pending is not None and not ray.wait([self.pending], timeout=0)[0]:
-            return False
+        return self.pending is None or bool(ray.wait([self.pending], timeout=0)[0])
+
+    def put(self, step: int, data: bytes) -> None:
         self.pending = self.actor.put.remote(self.generation, step, data)
-        return True
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
         import ray

@@ -28,9 +28,11 @@ class FolderKeeper:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def put(self, step: int, data: bytes) -> bool:
-        (self.folder / f"{step}.snapshot").write_bytes(data)
+    def ready(self) -> bool:
         return True
+
+    def put(self, step: int, data: bytes) -> None:
+        (self.folder / f"{step}.snapshot").write_bytes(data)
 
     def latest(self, than_step: int) -> tuple[int, bytes] | None:
         files = sorted(self.folder.glob("*.snapshot"), key=lambda f: int(f.stem))
@@ -130,15 +132,27 @@ def _bytes(state: dict) -> bytes:
     return buffer.getvalue()
 
 
-def test_no_keeper_no_snapshot(tmp_path) -> None:  # noqa: ANN001
-    """Without a keeper (a run with snapshots off) the spec's interval is not acted on."""
-    rows = run_distributed(_train_without_keeper, spec("ddp"), world_size=1)[0]
+def test_no_keeper_no_snapshot_and_a_busy_one_holds_them_back(tmp_path) -> None:  # noqa: ANN001
+    """Without a keeper (a run with snapshots off) the spec's interval is not acted on; while
+    the previous snapshot is still on its way, rank 0 sends none (the step is not held)."""
+    rows = run_distributed(_train_with, spec("ddp"), None, world_size=1)[0]
     assert all(r.get(m.SNAPSHOT_S) is None for r in rows)
     assert rows[0][m.EVENTS][0]["snapshot_every"] == 0
+    busy = run_distributed(_train_with, spec("ddp"), str(tmp_path), world_size=1)[0]
+    assert [bool(r.get(m.SNAPSHOT_HELD_BACK)) for r in busy] == [0, 1, 0, 1, 0, 0]
+    assert all(r.get(m.SNAPSHOT_S) is None for r in busy) and not list(tmp_path.iterdir())
 
 
-def _train_without_keeper(rank: int, world: int, spec_dict: dict) -> list[dict]:
+class Busy(FolderKeeper):
+    """A keeper whose previous snapshot never arrives."""
+
+    def ready(self) -> bool:
+        return False
+
+
+def _train_with(rank: int, world: int, spec_dict: dict, busy: str | None) -> list[dict]:
     reports: list[dict] = []
-    ElasticTrainer(RunSpec(**spec_dict), rank, world, CPU,
-                   lambda batch, _: reports.extend(batch[m.ROWS]), None).run()  # fmt: skip
+    keeper = None if busy is None else Busy(busy)
+    report = lambda batch, _: reports.extend(batch[m.ROWS])  # noqa: E731
+    ElasticTrainer(RunSpec(**spec_dict), rank, world, CPU, report, None, keeper=keeper).run()
     return reports
