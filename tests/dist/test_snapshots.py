@@ -57,12 +57,13 @@ def spec(kind: str) -> dict:
     ).to_dict()  # fmt: skip
 
 
-def _train(rank: int, world: int, spec_dict: dict, folder: str) -> list[dict]:
+def _train(rank: int, world: int, spec_dict: dict, folder: str | None, busy: bool = False) -> list:
+    """The run's rows, its snapshots kept in ``folder`` (None: no keeper; ``busy``: a keeper
+    whose previous snapshot never arrives)."""
     reports: list[dict] = []
-    trainer = ElasticTrainer(RunSpec(**spec_dict), rank, world, CPU,
-                             lambda batch, _: reports.extend(batch[m.ROWS]), None,
-                             keeper=FolderKeeper(folder))  # fmt: skip
-    trainer.run()
+    keeper = None if folder is None else (Busy if busy else FolderKeeper)(folder)
+    report = lambda batch, _: reports.extend(batch[m.ROWS])  # noqa: E731
+    ElasticTrainer(RunSpec(**spec_dict), rank, world, CPU, report, None, keeper=keeper).run()
     return reports
 
 
@@ -135,10 +136,10 @@ def _bytes(state: dict) -> bytes:
 def test_no_keeper_no_snapshot_and_a_busy_one_holds_them_back(tmp_path) -> None:  # noqa: ANN001
     """Without a keeper (a run with snapshots off) the spec's interval is not acted on; while
     the previous snapshot is still on its way, rank 0 sends none (the step is not held)."""
-    rows = run_distributed(_train_with, spec("ddp"), None, world_size=1)[0]
+    rows = run_distributed(_train, spec("ddp"), None, world_size=1)[0]
     assert all(r.get(m.SNAPSHOT_S) is None for r in rows)
     assert rows[0][m.EVENTS][0]["snapshot_every"] == 0
-    busy = run_distributed(_train_with, spec("ddp"), str(tmp_path), world_size=1)[0]
+    busy = run_distributed(_train, spec("ddp"), str(tmp_path), True, world_size=1)[0]
     assert [bool(r.get(m.SNAPSHOT_HELD_BACK)) for r in busy] == [0, 1, 0, 1, 0, 0]
     assert all(r.get(m.SNAPSHOT_S) is None for r in busy) and not list(tmp_path.iterdir())
 
@@ -148,11 +149,3 @@ class Busy(FolderKeeper):
 
     def ready(self) -> bool:
         return False
-
-
-def _train_with(rank: int, world: int, spec_dict: dict, busy: str | None) -> list[dict]:
-    reports: list[dict] = []
-    keeper = None if busy is None else Busy(busy)
-    report = lambda batch, _: reports.extend(batch[m.ROWS])  # noqa: E731
-    ElasticTrainer(RunSpec(**spec_dict), rank, world, CPU, report, None, keeper=keeper).run()
-    return reports
