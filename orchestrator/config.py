@@ -133,6 +133,9 @@ class SearchConfig:
     (the journal ``study.journal`` on a network file system; see ``orchestrator.storage``)."""
     prune: bool = True
     """Stop a trial early when it is slower than the best by more than the measured noise."""
+    early_stop: bool = True
+    """Staged sampler: end the search before ``trials`` once the sampler's last trials (half
+    its stage, at least one) raised nothing above the best's lower bound."""
     time_budget_min: float | None = None
     """Stop starting trials after this many minutes (the running one finishes)."""
     remeasure_top: int = 3

@@ -178,7 +178,7 @@ def _tune(
                             and all(t.params != baseline for t in queued)):  # fmt: skip
         # a new study, or one whose baseline failed: the fix is what --resume is for
         the_study.enqueue_trial(baseline)
-    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)])
+    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)], cfg.early_stop)
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
         f"({config.workload.entrypoint or config.workload.model}, {config.cluster.num_workers} "

@@ -10,7 +10,7 @@ NCCL space into small independent subspaces) spends the budget in three stages:
 2. communication: from the best completed trial, each knob's values one at a time with the
    others at the current best (coordinate descent: linear in the knobs, not their product);
 3. joint refinement: nothing is enqueued and the TPE sampler takes over, with everything
-   measured so far as its history.
+   measured so far as its history, until its trials stop improving (:meth:`Proposer.settled`).
 
 Every decision is recomputed from the study's contents (completed trials and what is
 already queued), so a restarted driver carries on where the dead one stopped, and no
@@ -19,6 +19,7 @@ configuration is ever queued twice.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -59,6 +60,10 @@ MAX_SWEEP = 8
 """A knob with more values than this is swept on powers of two and its ends only."""
 GRID_BATCH = 32
 """Grid points queued per refill: enough to keep parallel asks busy, cheap to look up."""
+PATIENCE_SHARE = 0.5
+"""Stage 3 ends early once this share of its budget (at least one trial) in a row raised
+nothing: a sampler whose last trials found nothing clearly better is unlikely to on the next
+few, and every trial is a minute of somebody's cluster."""
 
 
 def make_sampler(name: str, seed: int, trials: int) -> optuna.samplers.BaseSampler:
@@ -110,6 +115,7 @@ class Proposer:
         strategy: str,
         budget: int,
         seeds: Sequence[dict[str, Any]] = (),
+        early_stop: bool = False,
     ) -> None:
         if strategy not in SAMPLERS:
             raise ValueError(f"unknown search strategy {strategy!r}; use one of {SAMPLERS}")
@@ -124,6 +130,9 @@ class Proposer:
         self._knobs = [n for n in COMM_ORDER if n in rest]
         self._knobs += [n for n in rest if n not in COMM_ORDER]
         self._stage2_end = budget - round(STAGE3_SHARE * budget)
+        stage3 = budget - self._stage2_end
+        self.patience = max(1, math.ceil(PATIENCE_SHARE * stage3)) if early_stop else None
+        """Stage 3's trials in a row that may raise nothing before it ends (None: never)."""
         self._grid: list[dict[str, Any]] | None = None
         self._stage1: list[dict[str, Any]] | None = None
 
@@ -141,6 +150,30 @@ class Proposer:
         for params in batch:
             study.enqueue_trial(self.space.optuna_params(params), skip_if_exists=True)
         return len(batch)
+
+    def settled(self, study: optuna.Study) -> str | None:
+        """Why the search can end before its budget, or None. Staged only: when the sampler's
+        last :attr:`patience` trials (stage 3's, the only ones nothing enqueued) raised nothing
+        above the best lower bound before them (a completed trial's throughput less its window
+        spread), and nothing is queued. Recomputed from the study, so a resumed search agrees."""
+        if self.strategy != "staged" or self.patience is None:
+            return None
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
+            return None
+        sampled = [t for t in trials if "fixed_params" not in t.system_attrs
+                   and t.user_attrs.get(m.STATE) != INTERRUPTED]  # fmt: skip
+        if len(sampled) < self.patience:
+            return None
+        last = sampled[-self.patience :]
+        before = [_lower_bound(t) for t in trials if t.number < last[0].number]
+        floor = max((b for b in before if b is not None), default=None)
+        if floor is None or any((_lower_bound(t) or 0.0) > floor for t in last):
+            return None
+        shown = ", ".join(str(t.number) for t in last)
+        return (f"the sampler's last {len(last)} trial(s) ({shown}) raised nothing above the "
+                f"best lower bound before them ({floor:.2f} samples/s: a throughput less its "
+                "window spread); search.early_stop: false runs every trial")  # fmt: skip
 
     def _fresh_filter(self, seen: set[str]) -> Callable[[Iterable[dict]], list[dict]]:
         def fresh(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,6 +250,13 @@ class Proposer:
             return None
         best = max(done, key=lambda t: (t.value, -t.number))  # ties: the earliest
         return self.space.from_optuna_params(best.params)
+
+
+def _lower_bound(trial: FrozenTrial) -> float | None:
+    """A completed trial's throughput less its window spread (cv): what it surely reached."""
+    if trial.state != TrialState.COMPLETE or trial.value is None:
+        return None
+    return trial.value * (1.0 - (trial.user_attrs.get(m.THROUGHPUT_CV) or 0.0))
 
 
 def ranked_candidates(

@@ -27,7 +27,7 @@ from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
-from orchestrator.search.study import INTERRUPTED, REQUEUE
+from orchestrator.search.study import INTERRUPTED, REQUEUE, counted
 from orchestrator.search.trial import (
     NODES,
     OUTCOME,
@@ -174,7 +174,7 @@ class GroupSearch(Searcher):
     def _next(self, env: tuple | None) -> Asked | None:
         """The first pending configuration (with environment ``env`` if given), asking Optuna
         for one more when none is pending."""
-        if not self.pending and self.asked < self.total:
+        if not self.pending and self.asked < self.total and not self._settled():
             self.proposer.refill(self.study)
             trial = self.study.ask()
             params = self.ctx.space.suggest(trial)
@@ -185,6 +185,16 @@ class GroupSearch(Searcher):
         if match is not None:
             self.pending.remove(match)
         return match
+
+    def _settled(self) -> bool:
+        """Whether the proposer says the search has stopped improving; said once, and no
+        configuration is asked after it."""
+        why = self.proposer.settled(self.study)
+        if why is not None:
+            print(f"search: ending after {counted(self.study)} of {self.proposer.budget} "
+                  f"trials: {why}", flush=True)  # fmt: skip
+            self.total = self.asked
+        return why is not None
 
     def _send(self, group: Group, asked: Asked) -> None:
         baseline = asked.params == self.ctx.space.baseline()

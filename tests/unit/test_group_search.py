@@ -247,3 +247,14 @@ def test_a_groups_start_bound_comes_from_this_runs_starts_only() -> None:
     config = dataclasses.replace(search.ctx.config, cluster=cluster)
     search.ctx = dataclasses.replace(search.ctx, config=config)
     assert search.suggest("t2")[SLOWEST_START] is None
+
+
+def test_a_settled_staged_search_asks_for_nothing_more(capsys: pytest.CaptureFixture) -> None:
+    """Every configuration measures the same: once the sampler's stage raised nothing for its
+    patience, no configuration is asked, the groups end, and one line says why."""
+    search = _search(group_size=4)
+    search.proposer = Proposer(search.ctx.space, "staged", TOTAL, early_stop=True)
+    groups = _run_all(search)
+    assert TOTAL - 2 <= sum(len(g) for g in groups) < TOTAL  # stage 3 of 3, patience 2
+    assert f"of {TOTAL} trials: the sampler's last 2 trial(s)" in capsys.readouterr().out
+    assert search.suggest("after") == search.FINISHED

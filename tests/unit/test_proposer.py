@@ -222,3 +222,53 @@ def test_a_dry_run_beside_a_finished_study_is_not_refused(tmp_path, capsys) -> N
     assert cli.main([*args, "--dry-run"]) == 0
     assert "rank" in capsys.readouterr().out.lower()
     assert cli.main(args) == 2 and "already holds a study" in capsys.readouterr().err
+
+
+def _until_settled(
+    budget: int, objective: Any, early_stop: bool = True, strategy: str = "staged"
+) -> tuple[optuna.Study, str | None]:
+    """A search of the CPU space that ends when the proposer says it has settled (or at
+    ``budget``); ``objective(number, params)`` is each trial's throughput."""
+    space = _space(CPU)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(strategy, 0, budget))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, strategy, budget, early_stop=early_stop)
+    for number in range(budget):
+        why = proposer.settled(study)
+        if why is not None:
+            return study, why
+        proposer.refill(study)
+        trial = study.ask()
+        trial.set_user_attr("throughput_cv", 0.02)
+        study.tell(trial, objective(number, space.suggest(trial)))
+    return study, None
+
+
+def test_stage_3_ends_once_the_samplers_trials_raise_nothing() -> None:
+    """Stages 1 and 2 always run; a sampled trial within the best's window spread raises
+    nothing, and with 9 trials (a stage 3 of 2) one such trial ends the search."""
+    study, why = _until_settled(9, lambda number, p: 20.0 + (number == 3))
+    sampled = [t for t in study.trials if "fixed_params" not in t.system_attrs]
+    assert len(sampled) == 1 and len(study.trials) == 8, why
+    assert why and f"({sampled[0].number})" in why and "20.58 samples/s" in why
+    assert "search.early_stop: false" in why
+    again = Proposer(_space(CPU), "staged", 9, early_stop=True)  # a resumed driver agrees
+    assert again.settled(study) == why
+
+
+def test_a_sampled_trial_clear_of_the_spread_keeps_the_search_going() -> None:
+    study, why = _until_settled(9, lambda number, p: 20.0 * 1.05**number)
+    assert why is None and len(study.trials) == 9
+
+
+@pytest.mark.parametrize(("strategy", "early_stop"), [("staged", False), ("tpe", True)])
+def test_only_an_early_stopping_staged_search_ends_early(strategy: str, early_stop: bool) -> None:
+    study, why = _until_settled(9, lambda number, p: 20.0, early_stop, strategy)
+    assert why is None and len(study.trials) == 9
+
+
+def test_patience_is_half_of_stage_3() -> None:
+    space = _space(CPU)
+    assert Proposer(space, "staged", 9, early_stop=True).patience == 1  # stage 3: 2 trials
+    assert Proposer(space, "staged", 40, early_stop=True).patience == 5  # stage 3: 10 trials
+    assert Proposer(space, "staged", 40).patience is None
