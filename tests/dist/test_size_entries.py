@@ -28,12 +28,13 @@ ENTRIES = {
 }
 
 
-def _spec(steps: int, entries: dict, world: int = 2, **context: object) -> dict:
+def _spec(steps: int, entries: dict, world: int = 2, batch: int = 8, **context: object) -> dict:
     plan = tiny_plan(world_size=world, warmup_steps=0, measure_steps=steps, num_windows=1,
-                     max_grad_norm=1.0)  # fmt: skip
+                     max_grad_norm=1.0, global_batch=batch, micro_batch=batch // world)  # fmt: skip
     return RunSpec(
         plan=plan.to_dict(), steps=steps, checkpoint_every=3, max_micro_batch=plan.micro_batch,
-        reference_every=2, entries=entries, fit_context={**CPU_RUN, **context},
+        reference_every=2, entries=entries,
+        fit_context={**CPU_RUN, "global_batch": batch, **context},
     ).to_dict()  # fmt: skip
 
 
@@ -44,7 +45,9 @@ def _seen(model: object) -> dict:
                 "checkpointed": len(wrapped)}  # fmt: skip
     blocks = [b for b in model.modules() if hasattr(b, "_get_fsdp_state") and b is not model]
     group = blocks[0]._get_fsdp_state()._fsdp_param_group
-    return {"mesh": tuple(group.mesh_info.mesh.shape)}
+    after = group.post_forward_mesh_info  # reshard_after_forward: None (False) or its group
+    return {"mesh": tuple(group.mesh_info.mesh.shape),
+            "post_forward": None if after is None else after.shard_mesh_size}  # fmt: skip
 
 
 def _train(rank: int, world: int, spec: dict, resume: str | None, root: str, nodes: int) -> dict:
@@ -106,11 +109,35 @@ def test_hsdp_tuned_on_two_nodes_runs_there_and_is_dropped_on_one(tmp_path) -> N
     spec = _spec(2, entries, world=4, strategy="fsdp")
     two_nodes, one_node = run_distributed(_on_two_nodes_then_one, spec, str(tmp_path),
                                           world_size=4, timeout_s=300.0)[0]  # fmt: skip
-    assert two_nodes["built"] == [{"mesh": (2, 2)}]
+    assert two_nodes["built"] == [{"mesh": (2, 2), "post_forward": 2}]
     assert two_nodes["rows"][0][m.EVENTS][0]["dropped"] == []
-    assert one_node["built"] == [{"mesh": (4,)}]  # HSDP would raise in fsdp_mesh here
+    # HSDP would raise in fsdp_mesh here
+    assert one_node["built"] == [{"mesh": (4,), "post_forward": 4}]
     dropped = one_node["rows"][0][m.EVENTS][0]["dropped"]
     assert [d["key"] for d in dropped] == ["hsdp"]
+
+
+def test_an_integer_reshard_runs_where_it_divides_and_is_dropped_after_a_resize(tmp_path) -> None:
+    """``reshard_after_forward: 2`` tuned on 4 ranks reshards to pairs there (FSDP2's
+    post-forward group of 2); resumed on 3 ranks, which 2 does not divide, it is dropped (the
+    default: the whole group of 3) and the run goes on at the unresized run's losses."""
+    entries = {4: {"tuned": {"strategy": "fsdp", "reshard_after_forward": 2}}}
+    spec = _spec(5, entries, world=4, batch=12, strategy="fsdp")
+    four = run_distributed(_train, spec, None, str(tmp_path / "a"), 1, world_size=4,
+                           timeout_s=300.0)[0]  # fmt: skip
+    assert four["built"] == [{"mesh": (4,), "post_forward": 2}]
+    assert four["rows"][0][m.EVENTS][0]["dropped"] == []
+    three = run_distributed(_train, spec, str(tmp_path / "a" / "step_3"), str(tmp_path / "b"),
+                            1, world_size=3, timeout_s=300.0)[0]  # fmt: skip
+    assert three["built"] == [{"mesh": (3,), "post_forward": 3}]
+    start = three["rows"][0][m.EVENTS][0]
+    assert [d["key"] for d in start["dropped"]] == ["reshard_after_forward"]
+    # the global batch held, the micro-batch at most the one measured (max_micro_batch 3)
+    assert (start["entry_size"], start["accumulation_steps"], start["micro_batch"]) == (4, 2, 2)
+    loss = {r[m.STEP]: r[m.LOSS] for r in four["rows"]}
+    assert [r[m.STEP] for r in three["rows"]] == [4, 5]
+    for row in three["rows"]:
+        assert row[m.LOSS] == pytest.approx(loss[row[m.STEP]], rel=1e-4), row[m.STEP]
 
 
 def test_an_entry_variable_reaches_the_process_and_a_dropped_one_is_unset(tmp_path) -> None:
