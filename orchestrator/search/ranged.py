@@ -148,7 +148,11 @@ def _entry_line(size: int, entry: dict[str, Any]) -> str:
 
 
 def cost_line(walls: dict[int, float], sizes: list[int]) -> str:
-    """What tuning the sizes cost against the primary search alone."""
+    """What tuning the sizes cost against the primary search alone: in wall-clock, and in
+    worker-seconds (each size's wall-clock times its workers: what a cluster bills, since a
+    smaller size's search holds fewer workers while its steps take longer)."""
     first, total = walls[sizes[0]], sum(walls.values())
+    held = sum(wall * size for size, wall in walls.items())
     return (f"tuned {len(sizes)} world sizes in {total:.0f}s: {total / first:.2f}x the "
-            f"{sizes[0]}-worker search alone ({first:.0f}s)")  # fmt: skip
+            f"{sizes[0]}-worker search alone ({first:.0f}s); in worker-seconds "
+            f"{held / (first * sizes[0]):.2f}x")  # fmt: skip

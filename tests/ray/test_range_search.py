@@ -29,7 +29,12 @@ def test_a_search_over_a_range_writes_an_entry_per_size_with_its_verdict(tmp_pat
     text = proc.stdout
     assert "world size 2 (1 of 2)" in text and "world size 1 (2 of 2)" in text, text
     assert "carried from 2 workers: 1 workers run the entry for 2 workers" in text, text
-    assert re.search(r"tuned 2 world sizes in \d+s: [\d.]+x the 2-worker search alone", text)
+    cost = re.search(r"tuned 2 world sizes in (\d+)s: ([\d.]+)x the 2-worker search alone "
+                     r"\((\d+)s\); in worker-seconds ([\d.]+)x", text)  # fmt: skip
+    assert cost, text
+    total, ratio, first, held = (float(g) for g in cost.groups())
+    assert ratio == pytest.approx(total / first, abs=0.02)
+    assert held == pytest.approx((first * 2 + (total - first)) / (first * 2), abs=0.02)
     config = load_config(str(out / "best.yaml"))
     assert sorted(config.sizes) == [1, 2] and config.sizes[2]["tuned"] == config.tuned
     verdicts = ("keep trial", "too noisy to decide", "no gain worth having")
