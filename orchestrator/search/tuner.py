@@ -129,8 +129,11 @@ class GroupSearch(Searcher):
         self.baseline_failed: str | None = None
         """Why the baseline failed, when it did for a reason every trial shares (``systematic``):
         no trial starts after it."""
+        self.ending = ""
+        """Why the search ends before its budget (``Proposer.settled``), until it is said."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        self._say_ending()
         if self.baseline_failed is not None:
             self._interrupt_pending(
                 "not run: the baseline failed, and every trial would fail the same way; fix "
@@ -150,6 +153,7 @@ class GroupSearch(Searcher):
             return None
         first = self._next(env=None)
         if first is None:
+            self._say_ending()
             return None if self.running else Searcher.FINISHED
         group = Group(self.make_queue(), first.env, [], nodes)
         self.running[trial_id] = group
@@ -191,10 +195,17 @@ class GroupSearch(Searcher):
         configuration is asked after it."""
         why = self.proposer.settled(self.study)
         if why is not None:
-            print(f"search: ending after {counted(self.study)} of {self.proposer.budget} "
-                  f"trials: {why}", flush=True)  # fmt: skip
+            self.ending = (f"search: ending after {counted(self.study)} of "
+                           f"{self.proposer.budget} trials: {why}")  # fmt: skip
             self.total = self.asked
         return why is not None
+
+    def _say_ending(self) -> None:
+        """Print why the search ended early, once, after the last trial's own line (which
+        Tune's callback prints after this searcher has seen the result)."""
+        if self.ending:
+            print(self.ending, flush=True)
+            self.ending = ""
 
     def _send(self, group: Group, asked: Asked) -> None:
         baseline = asked.params == self.ctx.space.baseline()
@@ -255,6 +266,7 @@ class GroupSearch(Searcher):
             self._send(group, nxt)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        self._say_ending()
         group = self.running.pop(trial_id, None)
         if group is None:
             return

@@ -256,5 +256,7 @@ def test_a_settled_staged_search_asks_for_nothing_more(capsys: pytest.CaptureFix
     search.proposer = Proposer(search.ctx.space, "staged", TOTAL, early_stop=True)
     groups = _run_all(search)
     assert TOTAL - 2 <= sum(len(g) for g in groups) < TOTAL  # stage 3 of 3, patience 2
-    assert f"of {TOTAL} trials: the sampler's last 2 trial(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"of {TOTAL} trials: the sampler's last 2 trial(s)" in out
+    assert out.count("search: ending after") == 1
     assert search.suggest("after") == search.FINISHED
