@@ -41,7 +41,7 @@ from orchestrator.session import (
 from orchestrator.sizes import expected_layout, fit_context
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
-from search_spaces import SearchContext, SpaceError
+from search_spaces import SearchContext, SearchSpace, SpaceError
 from train_fns.ranks import nccl_version
 from train_fns.sizes import Layout, fit
 
@@ -157,13 +157,14 @@ def _tune(
             print(f"grid: {size} points, {cfg.trials} trials: only the first {cfg.trials} run "
                   "(raise search.trials to cover the grid)", flush=True)  # fmt: skip
         remaining = min(remaining, max(0, size - done))
-    if not remaining:  # nothing is queued again: it would stay WAITING in the study
+    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)], cfg.early_stop)
+    ended = _ended_early(existing, proposer, space) if remaining else None
+    if not remaining or ended:  # nothing is queued again: it would stay WAITING in the study
         if existing is not None:
             study.close_interrupted(existing, DEAD_DRIVER_WHY)
-        print(
-            f"resume: the study already has {done} of {cfg.trials} trials; rewriting the outputs",
-            flush=True,
-        )
+        print(f"resume: the study already has {done} of {cfg.trials} trials"
+              f"{f' (it ended early: {ended})' if ended else ''}; rewriting the outputs",
+              flush=True)  # fmt: skip
         return False
     if existing is not None:
         for number in study.requeue_interrupted(existing):
@@ -178,7 +179,6 @@ def _tune(
                             and all(t.params != baseline for t in queued)):  # fmt: skip
         # a new study, or one whose baseline failed: the fix is what --resume is for
         the_study.enqueue_trial(baseline)
-    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)], cfg.early_stop)
     print(
         f"commtune: {config.name}: {remaining} trial(s) to run of {cfg.trials} "
         f"({config.workload.entrypoint or config.workload.model}, {config.cluster.num_workers} "
@@ -203,6 +203,16 @@ def _tune(
               "ended; --resume runs them", flush=True)  # fmt: skip
     add_search_wall(out, time.monotonic() - started)
     return True
+
+
+def _ended_early(
+    existing: optuna.Study | None, proposer: Proposer, space: SearchSpace
+) -> str | None:
+    """Why a resumed study already ended before its budget (``search.early_stop``): it is a
+    finished one. Not where its baseline never completed: running it is what --resume is for."""
+    if existing is None or baseline_record(records(existing), space.baseline()) is None:
+        return None
+    return proposer.settled(existing)
 
 
 def carried_seeds(ctx: TrialContext, carried: tuple[dict[str, Any], ...]) -> list[dict]:

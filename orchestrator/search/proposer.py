@@ -60,6 +60,8 @@ MAX_SWEEP = 8
 """A knob with more values than this is swept on powers of two and its ends only."""
 GRID_BATCH = 32
 """Grid points queued per refill: enough to keep parallel asks busy, cheap to look up."""
+JUDGED = (m.COMPLETE, m.PRUNED, m.OOM)
+"""Outcomes that say how a configuration does (a crash or a hang may be the node's)."""
 PATIENCE_SHARE = 0.5
 """Stage 3 ends early once this share of its budget (at least one trial) in a row raised
 nothing: a sampler whose last trials found nothing clearly better is unlikely to on the next
@@ -152,17 +154,22 @@ class Proposer:
         return len(batch)
 
     def settled(self, study: optuna.Study) -> str | None:
-        """Why the search can end before its budget, or None. Staged only: when the sampler's
-        last :attr:`patience` trials (stage 3's, the only ones nothing enqueued) raised nothing
-        above the best lower bound before them (a completed trial's throughput less its window
-        spread), and nothing is queued. Recomputed from the study, so a resumed search agrees."""
+        """Why the search can end before its budget, or None. Staged only, once nothing is
+        queued or running and nothing of the seeds, stage 1 or stage 2 is left to queue: when
+        the sampler's last :attr:`patience` judged trials (stage 3's, the only ones nothing
+        enqueued; complete, pruned or out of memory: a crash or a hang says nothing of the
+        configuration) raised nothing above the best lower bound before them (a completed
+        trial's throughput less its window spread). Recomputed from the study, so a resumed
+        search agrees (a re-queued interrupted trial counts as enqueued: at most one more)."""
         if self.strategy != "staged" or self.patience is None:
             return None
         trials = study.get_trials(deepcopy=False)
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
             return None
+        if self._next(trials, self._fresh_filter({_key(queued_params(t)) for t in trials})):
+            return None  # the seeds and the first two stages always run
         sampled = [t for t in trials if "fixed_params" not in t.system_attrs
-                   and t.user_attrs.get(m.STATE) != INTERRUPTED]  # fmt: skip
+                   and t.user_attrs.get(m.STATE) in JUDGED]  # fmt: skip
         if len(sampled) < self.patience:
             return None
         last = sampled[-self.patience :]

@@ -92,7 +92,9 @@ def run_range(
         if entry is not None:
             entries[size] = entry
     lines += write_sizes(out / BEST_YAML, entries, sizes[0])
-    lines += [cost_line(walls, sizes)] if sizes[0] in walls else []
+    # a figure only where this run searched every size from its start (a resumed or
+    # budget-cut one has no whole search to compare with)
+    lines += [cost_line(walls, sizes)] if list(walls) == sizes and not resume else []
     return lines, failed
 
 

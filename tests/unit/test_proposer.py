@@ -6,6 +6,7 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from orchestrator.config import SAMPLERS, load_config
 from orchestrator.costmodel import LINKS, ModelSize
@@ -240,7 +241,12 @@ def _until_settled(
         proposer.refill(study)
         trial = study.ask()
         trial.set_user_attr("throughput_cv", 0.02)
-        study.tell(trial, objective(number, space.suggest(trial)))
+        params = space.suggest(trial)
+        value = objective(number, params)
+        trial.set_user_attr("state", "complete" if value is not None else "crash")
+        trial.set_user_attr("params", params)  # what the search records (results.records)
+        trial.set_user_attr("samples_per_s", value)
+        study.tell(trial, value, state=None if value is not None else TrialState.FAIL)
     return study, None
 
 
@@ -272,3 +278,44 @@ def test_patience_is_half_of_stage_3() -> None:
     assert Proposer(space, "staged", 9, early_stop=True).patience == 1  # stage 3: 2 trials
     assert Proposer(space, "staged", 40, early_stop=True).patience == 5  # stage 3: 10 trials
     assert Proposer(space, "staged", 40).patience is None
+
+
+def test_a_crashed_sampled_trial_is_no_evidence_of_settling() -> None:
+    """A crash (a lost node, say) says nothing of the configuration: the next trial runs."""
+    study, why = _until_settled(9, lambda number, p: None if number == 7 else 20.0)
+    assert why is None and len(study.trials) == 9
+
+
+def test_nothing_settles_while_stage_2_has_a_sweep_to_queue() -> None:
+    """Stage 1 ran (the baseline completed, its other shapes ran out of memory) and a trial
+    asked of the sampler before stage 2 was queued (as concurrent groups can) came in lower:
+    stage 2's sweep from the best is still owed, so the search has not settled."""
+    space = _space(CPU)
+    proposer = Proposer(space, "staged", 9, early_stop=True)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("staged", 0, 9))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    for value in [20.0, None, None, None]:
+        proposer.refill(study)
+        trial = study.ask()
+        space.suggest(trial)
+        trial.set_user_attr("state", "complete" if value else "oom")
+        study.tell(trial, value, state=None if value else TrialState.FAIL)
+    trial = study.ask()  # nothing queued: the sampler's
+    space.suggest(trial)
+    trial.set_user_attr("state", "complete")
+    study.tell(trial, 19.0)
+    assert "fixed_params" not in study.trials[-1].system_attrs
+    assert proposer.settled(study) is None
+    assert proposer.refill(study) > 0  # the sweep it was owed
+
+
+def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
+    """--resume of a search that ended early re-runs nothing (not even its race); one whose
+    baseline never completed runs again, as --resume is for."""
+    space = _space(CPU)
+    proposer = Proposer(space, "staged", 9, early_stop=True)
+    study, why = _until_settled(9, lambda number, p: 20.0 + (number == 3))
+    assert why and pipeline._ended_early(study, proposer, space) == why
+    failed, why = _until_settled(9, lambda number, p: None if number == 0 else 20.0)
+    assert why and pipeline._ended_early(failed, proposer, space) is None
+    assert pipeline._ended_early(None, proposer, space) is None
