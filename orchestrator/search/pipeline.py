@@ -157,8 +157,11 @@ def _tune(
             print(f"grid: {size} points, {cfg.trials} trials: only the first {cfg.trials} run "
                   "(raise search.trials to cover the grid)", flush=True)  # fmt: skip
         remaining = min(remaining, max(0, size - done))
-    proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)], cfg.early_stop)
-    ended = _ended_early(existing, proposer, space) if remaining else None
+    ended = None
+    if remaining:  # the seeds and the proposer only where trials are owed
+        proposer = Proposer(space, cfg.sampler, cfg.trials, [*seeds, *_seeds(ctx)],
+                            cfg.early_stop)  # fmt: skip
+        ended = _ended_early(existing, proposer, space)
     if not remaining or ended:  # nothing is queued again: it would stay WAITING in the study
         if existing is not None:
             study.close_interrupted(existing, DEAD_DRIVER_WHY)
