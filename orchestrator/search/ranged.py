@@ -151,8 +151,9 @@ def _entry_line(size: int, entry: dict[str, Any]) -> str:
 
 def cost_line(walls: dict[int, float], sizes: list[int]) -> str:
     """What tuning the sizes cost against the primary search alone: in wall-clock, and in
-    worker-seconds (each size's wall-clock times its workers: what a cluster bills, since a
-    smaller size's search holds fewer workers while its steps take longer)."""
+    worker-seconds (each size's wall-clock times its workers: what a cluster that releases
+    idle workers bills, since a smaller size's search holds fewer workers while its steps take
+    longer; a fixed cluster bills the wall-clock)."""
     first, total = walls[sizes[0]], sum(walls.values())
     held = sum(wall * size for size, wall in walls.items())
     return (f"tuned {len(sizes)} world sizes in {total:.0f}s: {total / first:.2f}x the "
