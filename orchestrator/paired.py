@@ -61,9 +61,10 @@ class PairedRatio:
 
     ratios: tuple[float, ...]
     floor: float = 0.0
-    """The least standard deviation of a log ratio the interval assumes: the noise the search
-    measured (``noise_floor``). Three or four pairs that happen to agree closely would otherwise
-    give an interval far narrower than the machine's noise, and a false keep."""
+    """The noise the search measured (``noise_floor``), pooled into the interval's spread as
+    ``FLOOR_WEIGHT`` degrees of freedom (``floored_spread``). Three or four pairs that happen
+    to agree closely would otherwise give an interval far narrower than the machine's noise,
+    and a false keep."""
 
     @property
     def disturbed(self) -> tuple[int, ...]:
@@ -101,7 +102,7 @@ class PairedRatio:
         if len(clean) < 2:
             return math.inf
         logs = [math.log(r) for r in clean]
-        spread = max(statistics.stdev(logs), self.floor)
+        spread = floored_spread(statistics.stdev(logs), len(clean) - 1, self.floor)
         return t_quantile(len(clean) - 1) * spread / math.sqrt(len(clean))
 
     @property
@@ -111,6 +112,22 @@ class PairedRatio:
     @property
     def high(self) -> float:
         return self.ratio * math.exp(self.half_width)
+
+
+FLOOR_WEIGHT = 2
+"""Degrees of freedom the search's measured noise (the floor) counts for beside the pairs'
+own spread. Taken whole (any number of pairs), a search whose windows happened to scatter
+(trials at 8% cv beside others at 2%) outvoted six pairs that agreed within 3%: the race
+could not decide a gain of 8% at δ 4% (session 12's default run). Weighed as two pairs' worth,
+it holds three or four lucky pairs back and lets six that agree speak."""
+
+
+def floored_spread(spread: float, df: int, floor: float) -> float:
+    """The spread an interval uses: the pairs' own (``spread`` on ``df`` degrees of freedom)
+    pooled with the floor counted as ``FLOOR_WEIGHT`` degrees of freedom, never below the
+    pairs' own: the floor may widen an interval, never narrow it."""
+    pooled = math.sqrt((FLOOR_WEIGHT * floor**2 + df * spread**2) / (FLOOR_WEIGHT + df))
+    return max(spread, pooled)
 
 
 def noise_floor(window_cvs: list[float]) -> float:

@@ -235,3 +235,51 @@ def test_the_noise_floor_keeps_lucky_agreement_from_deciding() -> None:
     floored = PairedRatio(lucky, floor)
     assert decide(floored.low, floored.high, 0.02) == UNDECIDED
     assert noise_floor([]) == 0.0 and noise_floor([float("nan")]) == 0.0
+
+
+def _sequential(ratios: list[float], floor: float, delta: float) -> str:
+    """The race's rule for one finalist: decide from the third pair on, at most six."""
+    for n in range(3, min(6, len(ratios)) + 1):
+        paired = PairedRatio(tuple(ratios[:n]), floor)
+        decision = decide(paired.low, paired.high, delta)
+        if decision != UNDECIDED:
+            return decision
+    return UNDECIDED
+
+
+# The A/A benchmark's decisions of session 9 (the baseline against itself, δ 4%, cpu-demo on 2
+# cores; `python -m benchmarks.aa_verdict`): floor, then each decision's pairs. The last two
+# of the second run had a busy neighbour.
+_AA_RECORDED = (
+    (0.034, [[0.935, 1.025, 1.081, 0.985, 1.014, 0.976], [1.006, 1.046, 0.898, 0.890, 0.984, 1.008],
+             [0.920, 0.969, 1.061, 1.016, 0.923, 0.995], [0.966, 1.100, 1.000, 1.272, 1.031, 0.988],
+             [0.969, 0.974, 1.028, 0.999, 0.941], [0.940, 0.991, 0.989, 1.022, 0.979],
+             [0.972, 0.966, 0.964, 1.005], [1.003, 0.998, 0.944, 0.989],
+             [0.999, 0.973, 1.021, 1.015, 1.066, 1.059], [1.058, 1.018, 1.046, 1.028, 1.020, 0.972],
+             [0.943, 1.017, 0.968, 1.040, 1.028, 1.073], [0.984, 0.994, 1.031, 1.205, 1.014, 0.913],
+             [1.008, 1.117, 1.076, 1.060, 1.016, 0.950], [0.891, 1.013, 1.033, 1.067, 0.911, 1.022],
+             [1.049, 1.026, 0.964, 0.905, 1.020, 0.973], [0.997, 1.027, 0.987, 1.056, 0.962, 1.021],
+             ]),
+    (0.029, [[0.957, 0.952, 0.913], [0.976, 1.003, 1.173, 1.037, 0.997, 1.035],
+             [1.006, 1.014, 0.955, 0.941], [1.586, 1.306, 2.007, 0.981, 0.462, 0.839],
+             [0.924, 0.795, 3.273, 1.074, 1.845, 0.489]]),
+)  # fmt: skip
+
+
+def test_the_floor_weighs_as_two_pairs_and_never_narrows() -> None:
+    """Session 12's default run: six pairs within 3% of 1.08 on a day whose search windows
+    scattered by 3.5% (floor 4.9%). Taken whole the floor left it undecided; pooled as two
+    pairs' worth it keeps. Recorded A/A decisions keep nothing either way, and a floor below
+    the pairs' own spread changes nothing."""
+    race = [1.103, 1.104, 1.042, 1.114, 1.042, 1.095]
+    assert _sequential(race, 0.049, 0.04) == KEEP
+    whole = PairedRatio(tuple(race), 0.0)
+    logs = [math.log(r) for r in race]
+    own = (sum((x - sum(logs) / 6) ** 2 for x in logs) / 5) ** 0.5
+    floored = PairedRatio(tuple(race), 0.049)
+    assert whole.half_width < floored.half_width  # widened, but not to the whole floor's:
+    whole_floor_low = whole.ratio * math.exp(-t_quantile(5) * max(own, 0.049) / 6**0.5)
+    assert whole_floor_low < 1.04 < floored.low
+    assert PairedRatio(tuple(race), 0.001).half_width == pytest.approx(whole.half_width)
+    decisions = [_sequential(pairs, floor, 0.04) for floor, runs in _AA_RECORDED for pairs in runs]
+    assert len(decisions) == 21 and KEEP not in decisions
