@@ -51,6 +51,14 @@ OUTLIER_PAIRS = 5
 one of the others' own scatter, and would cast out an ordinary pair."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
+SLOW_WINDOW = 0.7
+"""A window slower than this share of its configuration's fastest window in the race is
+disturbed, and so is its pair. A neighbour's burst slows a window by 30-80%; a race's drift
+moved a configuration's windows by up to 17% (session 12's default run). Ratios alone miss a
+neighbour that hits one side's windows pair after pair: an A/A decision beside a busy
+neighbour (``benchmarks/aa_verdict.py``, 2026-12-02) whose baseline windows ran at half speed
+four pairs running "kept" the baseline's twin at 2.0x, its one odd pair (the twin's window
+slowed) cast out as the outlier."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +73,34 @@ class PairedRatio:
     ``FLOOR_WEIGHT`` degrees of freedom (``floored_spread``). Three or four pairs that happen
     to agree closely would otherwise give an interval far narrower than the machine's noise,
     and a false keep."""
+    baseline: tuple[float, ...] = ()
+    """The baseline's window (samples/s) of each pair, where known: with the ratios it gives
+    the finalist's too, and a window far slower than its side's fastest (``SLOW_WINDOW``) marks
+    its pair disturbed."""
 
     @property
     def disturbed(self) -> tuple[int, ...]:
-        """Which pairs are far from the others: from ``OUTLIER_PAIRS`` pairs on (fewer give no
-        robust spread), and never nearer than ``DISTURBED_SPREADS`` times the noise floor."""
+        """Which pairs were disturbed: a window far slower than its side's fastest (at any
+        count, where the baseline's windows are known), or a ratio far from the others (from
+        ``OUTLIER_PAIRS`` pairs on: fewer give no robust spread; never nearer than
+        ``DISTURBED_SPREADS`` times the noise floor)."""
+        slow = set(self._slow())
         if len(self.ratios) < OUTLIER_PAIRS:
-            return ()
+            return tuple(sorted(slow))
         logs = [math.log(r) for r in self.ratios]
         middle = statistics.median(logs)
         mad = MAD_SCALE * statistics.median(abs(x - middle) for x in logs)
         limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR, self.floor)
-        return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit)
+        return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit or k in slow)
+
+    def _slow(self) -> tuple[int, ...]:
+        """Pairs with a window under ``SLOW_WINDOW`` of its side's fastest in the race."""
+        if len(self.baseline) != len(self.ratios):
+            return ()
+        mine = [r * b for r, b in zip(self.ratios, self.baseline, strict=True)]
+        fast_mine, fast_base = max(mine, default=0.0), max(self.baseline, default=0.0)
+        return tuple(k for k, (a, b) in enumerate(zip(mine, self.baseline, strict=True))
+                     if a < SLOW_WINDOW * fast_mine or b < SLOW_WINDOW * fast_base)  # fmt: skip
 
     @property
     def clean(self) -> tuple[float, ...]:

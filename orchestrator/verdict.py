@@ -303,7 +303,7 @@ def window_comparison(
     number: int, ratios: list[float], baseline: list[float], delta: float, floor: float = 0.0
 ) -> Comparison:
     """Window pairing: a finalist's comparison from its pairs' ratios and baseline windows."""
-    paired = PairedRatio(tuple(ratios), floor)
+    paired = PairedRatio(tuple(ratios), floor, tuple(baseline))
     gone = set(paired.disturbed)
     kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
     base = math.exp(statistics.fmean(math.log(b) for b in kept))
@@ -323,7 +323,7 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     paired = [window_comparison(n, r, b, delta, floor) for n, (r, b) in found.items()]
     if not paired:
         return grouped
-    cleans = [PairedRatio(tuple(r)).clean for r, _ in found.values()]
+    cleans = [PairedRatio(tuple(r), 0.0, tuple(b)).clean for r, b in found.values()]
     spreads = [statistics.stdev(math.log(r) for r in c) for c in cleans if len(c) >= 2]
     spread = grouped.baseline_spread if runs else statistics.median(spreads or [0.0])
     return Verdict(_ranked(grouped.comparisons + paired), spread, grouped.disturbed, delta)

@@ -61,7 +61,8 @@ class Entrant:
     @property
     def paired(self) -> PairedRatio:
         done = sorted(set(self.windows) & set(self.baseline))
-        return PairedRatio(tuple(self.windows[k] / self.baseline[k] for k in done), self.floor)
+        ratios = tuple(self.windows[k] / self.baseline[k] for k in done)
+        return PairedRatio(ratios, self.floor, tuple(self.baseline[k] for k in done))
 
 
 @dataclass(frozen=True)

@@ -283,3 +283,29 @@ def test_the_floor_weighs_as_two_pairs_and_never_narrows() -> None:
     assert PairedRatio(tuple(race), 0.001).half_width == pytest.approx(whole.half_width)
     decisions = [_sequential(pairs, floor, 0.04) for floor, runs in _AA_RECORDED for pairs in runs]
     assert len(decisions) == 21 and KEEP not in decisions
+
+
+def test_a_window_far_slower_than_its_sides_fastest_disturbs_its_pair() -> None:
+    """The A/A decision beside a busy neighbour that kept the baseline's twin at 2.0x: the
+    neighbour slowed the twin's first window, then the baseline's four windows after it. By
+    ratio alone the first pair is the outlier and the other four keep; by speed every pair
+    had a window at half its side's fastest, and none is evidence. A race's ordinary drift
+    (session 12's default run, windows 17% apart) disturbs nothing."""
+    twin = [4.1, 20.6, 20.2, 20.3, 20.5]
+    base = [20.8, 10.9, 8.1, 11.0, 10.7]
+    ratios = tuple(t / b for t, b in zip(twin, base, strict=True))
+    assert _sequential(list(ratios), 0.0, 0.04) == KEEP  # ratios alone (no baseline windows)
+    by_speed = PairedRatio(ratios, 0.029, tuple(base))
+    assert by_speed.disturbed == (0, 1, 2, 3, 4) and by_speed.pairs == 0
+    assert by_speed.half_width == math.inf
+    drift_mine = [20.27, 21.57, 20.20, 20.70, 17.81, 19.48]
+    drift_base = [18.38, 19.54, 19.38, 18.58, 17.10, 17.80]
+    steady = PairedRatio(tuple(a / b for a, b in zip(drift_mine, drift_base, strict=True)), 0.049,
+                         tuple(drift_base))  # fmt: skip
+    assert steady.disturbed == () and decide(steady.low, steady.high, 0.04) == KEEP
+    rows = [{"pairing": "window", "pair": str(k), "against": "3", "attempt": "0",
+             "state": "complete", "role": role, "samples_per_s": str(value), "delta": "0.04"}
+            for k, (t, b) in enumerate(zip(twin, base, strict=True))
+            for role, value in (("finalist", t), ("baseline", b))]  # fmt: skip
+    verdict = verdict_from_rows(rows)
+    assert verdict.chosen is None and verdict.comparisons[0].disturbed == 5
