@@ -109,21 +109,26 @@ class Repeated(Race):
             self.results.append((busy, decision, paired.pairs, paired.ratio, paired.low,
                                  paired.high))  # fmt: skip
             took = time.monotonic() - started
+            out = f" ({len(paired.disturbed)} disturbed left out)" if paired.disturbed else ""
             print(f"decision {k + 1:2d}{' (busy)' if busy else '       '}: {decision:9s} after "
-                  f"{paired.pairs:2d} pairs: {paired.ratio:.3f}x (interval {paired.low:.3f}-"
+                  f"{paired.pairs:2d} pairs{out}: {paired.ratio:.3f}x (interval {paired.low:.3f}-"
                   f"{paired.high:.3f}) [{took:.0f} s]; pairs "
-                  + " ".join(f"{r:.3f}" for r in paired.ratios), flush=True)  # fmt: skip
+                  + " ".join(f"{r:.3f}" for r in paired.ratios) + "; baseline windows "
+                  + " ".join(f"{b:.1f}" for b in paired.baseline), flush=True)  # fmt: skip
         self.finished = True
 
 
-def calibrate(ctx: TrialContext, base: TrialRecord) -> float:
-    """The race's noise floor as a search sets it (``paired.noise_floor`` of its trials' window
-    cv): here from the baseline measured twice as a search's trial."""
+def calibrate(ctx: TrialContext, base: TrialRecord) -> tuple[TrialRecord, float]:
+    """The baseline as a search would hand it to the race: its search figure (the first of two
+    trials of it, which its slow race windows are judged by) and the noise floor
+    (``paired.noise_floor`` of both trials' window cv)."""
     plan = derive_plan(ctx, base.params)
     found = measure_plans(ctx, [plan, plan], "calibration")
     if any(o.get(m.STATE) != m.COMPLETE for o in found):
         raise SystemExit(f"the calibration trials did not complete: {found}")
-    return noise_floor([o[m.THROUGHPUT_CV] for o in found])
+    measured = TrialRecord(base.number, m.COMPLETE, "", base.params,
+                           {m.SAMPLES_PER_S: found[0][m.SAMPLES_PER_S]})  # fmt: skip
+    return measured, noise_floor([o[m.THROUGHPUT_CV] for o in found])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,12 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     base = TrialRecord(0, m.COMPLETE, "", space.baseline(), {})
     with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
-        floor = calibrate(ctx, base)
+        base, floor = calibrate(ctx, base)
         race = Repeated(ctx, base, args.decisions, args.busy_every, floor)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
               f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "
-              f"pairs a decision, noise floor {floor:.1%} as a search would measure it)",
-              flush=True)  # fmt: skip
+              f"pairs a decision, noise floor {floor:.1%} as a search would measure it, "
+              f"baseline {base.value:.2f} samples/s in its search trial)", flush=True)  # fmt: skip
         race.run()
     counts = Counter(r[1] for r in race.results)
     for busy in (False, True):

@@ -52,13 +52,16 @@ one of the others' own scatter, and would cast out an ordinary pair."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 SLOW_WINDOW = 0.7
-"""A window slower than this share of its configuration's fastest window in the race is
-disturbed, and so is its pair. A neighbour's burst slows a window by 30-80%; a race's drift
-moved a configuration's windows by up to 17% (session 12's default run). Ratios alone miss a
+"""A baseline window slower than this share of the baseline's search figure is disturbed, and
+so is its pair. A neighbour's burst slows a window by 30-80%; drift moved a configuration's
+windows by up to 17% within a race, and its runs by 16% minutes apart. Ratios alone miss a
 neighbour that hits one side's windows pair after pair: an A/A decision beside a busy
 neighbour (``benchmarks/aa_verdict.py``, 2026-12-02) whose baseline windows ran at half speed
 four pairs running "kept" the baseline's twin at 2.0x, its one odd pair (the twin's window
-slowed) cast out as the outlier."""
+slowed) cast out as the outlier. Only the baseline's windows are judged so: a finalist's slow
+window stays evidence against it (a configuration that stalls must not be kept for its fast
+windows), and the reference is the search's figure, not the race's fastest window (one window
+fast by a glitch would cast out every other)."""
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,17 @@ class PairedRatio:
     to agree closely would otherwise give an interval far narrower than the machine's noise,
     and a false keep."""
     baseline: tuple[float, ...] = ()
-    """The baseline's window (samples/s) of each pair, where known: with the ratios it gives
-    the finalist's too, and a window far slower than its side's fastest (``SLOW_WINDOW``) marks
-    its pair disturbed."""
+    """The baseline's window (samples/s) of each pair, where known."""
+    reference: float = 0.0
+    """The baseline's search figure (samples/s; 0: unknown): a baseline window under
+    ``SLOW_WINDOW`` of it marks its pair disturbed."""
 
     @property
     def disturbed(self) -> tuple[int, ...]:
-        """Which pairs were disturbed: a window far slower than its side's fastest (at any
-        count, where the baseline's windows are known), or a ratio far from the others (from
-        ``OUTLIER_PAIRS`` pairs on: fewer give no robust spread; never nearer than
-        ``DISTURBED_SPREADS`` times the noise floor)."""
+        """Which pairs were disturbed: a baseline window far slower than the baseline's search
+        figure (``SLOW_WINDOW``, at any count, where both are known), or a ratio far from the
+        others (from ``OUTLIER_PAIRS`` pairs on: fewer give no robust spread; never nearer
+        than ``DISTURBED_SPREADS`` times the noise floor)."""
         slow = set(self._slow())
         if len(self.ratios) < OUTLIER_PAIRS:
             return tuple(sorted(slow))
@@ -94,13 +98,15 @@ class PairedRatio:
         return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit or k in slow)
 
     def _slow(self) -> tuple[int, ...]:
-        """Pairs with a window under ``SLOW_WINDOW`` of its side's fastest in the race."""
-        if len(self.baseline) != len(self.ratios):
+        """Pairs whose baseline window ran under ``SLOW_WINDOW`` of the baseline's search
+        figure."""
+        if not self.baseline or not self.reference > 0:
             return ()
-        mine = [r * b for r, b in zip(self.ratios, self.baseline, strict=True)]
-        fast_mine, fast_base = max(mine, default=0.0), max(self.baseline, default=0.0)
-        return tuple(k for k, (a, b) in enumerate(zip(mine, self.baseline, strict=True))
-                     if a < SLOW_WINDOW * fast_mine or b < SLOW_WINDOW * fast_base)  # fmt: skip
+        if len(self.baseline) != len(self.ratios):
+            raise ValueError(f"{len(self.baseline)} baseline windows for {len(self.ratios)} "
+                             "pairs: one per pair")  # fmt: skip
+        limit = SLOW_WINDOW * self.reference
+        return tuple(k for k, b in enumerate(self.baseline) if b < limit)
 
     @property
     def clean(self) -> tuple[float, ...]:
@@ -126,7 +132,7 @@ class PairedRatio:
         if len(clean) < 2:
             return math.inf
         logs = [math.log(r) for r in clean]
-        spread = floored_spread(statistics.stdev(logs), len(clean) - 1, self.floor)
+        spread = floored_spread(statistics.stdev(logs), len(clean), self.floor)
         return t_quantile(len(clean) - 1) * spread / math.sqrt(len(clean))
 
     @property
@@ -140,16 +146,19 @@ class PairedRatio:
 
 FLOOR_WEIGHT = 2
 """Degrees of freedom the search's measured noise (the floor) counts for beside the pairs'
-own spread. Taken whole (any number of pairs), a search whose windows happened to scatter
-(trials at 8% cv beside others at 2%) outvoted six pairs that agreed within 3%: the race
-could not decide a gain of 8% at δ 4% (session 12's default run). Weighed as two pairs' worth,
-it holds three or four lucky pairs back and lets six that agree speak."""
+own spread, from ``OUTLIER_PAIRS`` pairs on. Taken whole at any count, a search whose windows
+happened to scatter (trials at 8% cv beside others at 2%) outvoted six pairs that agreed
+within 3%: the race could not decide a gain of 8% at δ 4% (session 12's default run). Below
+five pairs it is taken whole: three or four lucky pairs are what it is there to hold back."""
 
 
-def floored_spread(spread: float, df: int, floor: float) -> float:
-    """The spread an interval uses: the pairs' own (``spread`` on ``df`` degrees of freedom)
-    pooled with the floor counted as ``FLOOR_WEIGHT`` degrees of freedom, never below the
-    pairs' own: the floor may widen an interval, never narrow it."""
+def floored_spread(spread: float, pairs: int, floor: float) -> float:
+    """The spread an interval uses, never below the pairs' own (``spread`` from ``pairs``
+    pairs): below ``OUTLIER_PAIRS`` pairs at least the floor; from there on the floor pooled in
+    as ``FLOOR_WEIGHT`` degrees of freedom."""
+    if pairs < OUTLIER_PAIRS:
+        return max(spread, floor)
+    df = pairs - 1
     pooled = math.sqrt((FLOOR_WEIGHT * floor**2 + df * spread**2) / (FLOOR_WEIGHT + df))
     return max(spread, pooled)
 
@@ -164,6 +173,19 @@ def noise_floor(window_cvs: list[float]) -> float:
 def pair_order(pair: int) -> tuple[str, str]:
     """Which of the two windows of pair ``pair`` (0, 1, ...) runs first: B c, then c B."""
     return ("baseline", "finalist") if pair % 2 == 0 else ("finalist", "baseline")
+
+
+def recorded_positive(rows: list[dict[str, str]], column: str) -> float:
+    """The first positive finite value remeasure.csv records in ``column`` (the baseline's
+    search figure); 0.0 where no row holds one (an older file, or a hand-edited one)."""
+    for row in rows:
+        try:
+            value = float(row.get(column) or "nan")
+        except ValueError:
+            continue
+        if 0 < value < math.inf:
+            return value
+    return 0.0
 
 
 def recorded_fraction(rows: list[dict[str, str]], column: str, default: float) -> float:

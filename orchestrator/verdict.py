@@ -27,7 +27,13 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, ratios_from_rows, recorded_fraction
+from orchestrator.paired import (
+    MIN_PAIRS,
+    PairedRatio,
+    ratios_from_rows,
+    recorded_fraction,
+    recorded_positive,
+)
 from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
@@ -300,10 +306,12 @@ def _ranked(comps: list[Comparison]) -> list[Comparison]:
 
 
 def window_comparison(
-    number: int, ratios: list[float], baseline: list[float], delta: float, floor: float = 0.0
-) -> Comparison:
-    """Window pairing: a finalist's comparison from its pairs' ratios and baseline windows."""
-    paired = PairedRatio(tuple(ratios), floor, tuple(baseline))
+    number: int, ratios: list[float], baseline: list[float], delta: float, floor: float = 0.0,
+    reference: float = 0.0,
+) -> Comparison:  # fmt: skip
+    """Window pairing: a finalist's comparison from its pairs' ratios and baseline windows
+    (``reference``: the baseline's search figure, which its slow windows are judged by)."""
+    paired = PairedRatio(tuple(ratios), floor, tuple(baseline), reference)
     gone = set(paired.disturbed)
     kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
     base = math.exp(statistics.fmean(math.log(b) for b in kept))
@@ -320,10 +328,11 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
     grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
     found, floor = ratios_from_rows(rows), recorded_fraction(rows, "floor", 0.0)
-    paired = [window_comparison(n, r, b, delta, floor) for n, (r, b) in found.items()]
+    reference = recorded_positive(rows, "reference")
+    paired = [window_comparison(n, r, b, delta, floor, reference) for n, (r, b) in found.items()]
     if not paired:
         return grouped
-    cleans = [PairedRatio(tuple(r), 0.0, tuple(b)).clean for r, b in found.values()]
+    cleans = [PairedRatio(tuple(r), floor, tuple(b), reference).clean for r, b in found.values()]
     spreads = [statistics.stdev(math.log(r) for r in c) for c in cleans if len(c) >= 2]
     spread = grouped.baseline_spread if runs else statistics.median(spreads or [0.0])
     return Verdict(_ranked(grouped.comparisons + paired), spread, grouped.disturbed, delta)

@@ -123,7 +123,7 @@ def remeasure(
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
           "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
-          "delta", "floor"]  # fmt: skip
+          "delta", "floor", "reference"]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
 
 

@@ -57,12 +57,15 @@ class Entrant:
     """Windows of it that ended their worker group (hang, crash)."""
     floor: float = 0.0
     """The noise floor of its interval (``paired.noise_floor``)."""
+    reference: float = 0.0
+    """The baseline's search figure: its slow windows are disturbed (``paired.SLOW_WINDOW``)."""
 
     @property
     def paired(self) -> PairedRatio:
         done = sorted(set(self.windows) & set(self.baseline))
         ratios = tuple(self.windows[k] / self.baseline[k] for k in done)
-        return PairedRatio(ratios, self.floor, tuple(self.baseline[k] for k in done))
+        base = tuple(self.baseline[k] for k in done)
+        return PairedRatio(ratios, self.floor, base, self.reference)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Race:
         self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
         self.floor = floor
         for entrant in self.entrants:
-            entrant.floor = floor
+            entrant.floor, entrant.reference = floor, baseline.value or 0.0
         self.slots: list[Slot] = []
         self.rows: list[dict[str, Any]] = []
         self.ended: str | None = None
@@ -278,5 +281,6 @@ class Race:
             "pair": "" if slot.pair is None else slot.pair,
             "against": "" if slot.against is None else slot.against.record.number,
             "attempt": self.attempt, "floor": self.floor,
+            "reference": self.base.record.value or "",
             "delta": self.delta,
         }  # fmt: skip

@@ -285,27 +285,53 @@ def test_the_floor_weighs_as_two_pairs_and_never_narrows() -> None:
     assert len(decisions) == 21 and KEEP not in decisions
 
 
-def test_a_window_far_slower_than_its_sides_fastest_disturbs_its_pair() -> None:
+def test_a_baseline_window_far_below_its_search_figure_disturbs_its_pair() -> None:
     """The A/A decision beside a busy neighbour that kept the baseline's twin at 2.0x: the
     neighbour slowed the twin's first window, then the baseline's four windows after it. By
-    ratio alone the first pair is the outlier and the other four keep; by speed every pair
-    had a window at half its side's fastest, and none is evidence. A race's ordinary drift
-    (session 12's default run, windows 17% apart) disturbs nothing."""
+    ratio alone the first pair is the outlier and the other four keep; judged against the
+    baseline's search figure (20.5 samples/s) the four are disturbed, and nothing is left
+    (pair 0 is cast out by its ratio). A finalist's own slow windows stay evidence against
+    it; a race's ordinary drift (session 12's default run, windows 17% apart) and one
+    glitch-fast window disturb nothing."""
     twin = [4.1, 20.6, 20.2, 20.3, 20.5]
     base = [20.8, 10.9, 8.1, 11.0, 10.7]
     ratios = tuple(t / b for t, b in zip(twin, base, strict=True))
     assert _sequential(list(ratios), 0.0, 0.04) == KEEP  # ratios alone (no baseline windows)
-    by_speed = PairedRatio(ratios, 0.029, tuple(base))
-    assert by_speed.disturbed == (0, 1, 2, 3, 4) and by_speed.pairs == 0
+    by_speed = PairedRatio(ratios, 0.029, tuple(base), 20.5)
+    assert by_speed.disturbed == (0, 1, 2, 3, 4) and by_speed.pairs == 0  # pair 0 by its ratio
     assert by_speed.half_width == math.inf
+    assert PairedRatio(ratios, 0.029, tuple(base)).pairs >= 3  # no reference: ratios alone
+    stalls = [21.2, 10.6, 21.2, 10.6, 21.2, 10.6, 21.2]  # the finalist stalls: slower
+    steady_base = [20.0, 20.1, 19.9, 20.0, 20.2, 19.8, 20.0]
+    stall_ratios = tuple(a / b for a, b in zip(stalls, steady_base, strict=True))
+    stalled = PairedRatio(stall_ratios, 0.02, tuple(steady_base), 20.0)
+    assert stalled.disturbed == PairedRatio(stall_ratios, 0.02).disturbed  # not by speed
+    glitch = [30.0, 20.1, 19.9, 20.0, 20.2]
+    fast = PairedRatio(tuple(22.0 / b for b in glitch), 0.02, tuple(glitch), 20.0)
+    assert fast.disturbed in ((), (0,)) and fast.pairs >= 4  # at most the odd ratio
     drift_mine = [20.27, 21.57, 20.20, 20.70, 17.81, 19.48]
     drift_base = [18.38, 19.54, 19.38, 18.58, 17.10, 17.80]
-    steady = PairedRatio(tuple(a / b for a, b in zip(drift_mine, drift_base, strict=True)), 0.049,
-                         tuple(drift_base))  # fmt: skip
+    steady = PairedRatio(tuple(a / b for a, b in zip(drift_mine, drift_base, strict=True)),
+                         0.049, tuple(drift_base), 16.80)  # fmt: skip
     assert steady.disturbed == () and decide(steady.low, steady.high, 0.04) == KEEP
+    with pytest.raises(ValueError, match="one per pair"):
+        _ = PairedRatio(ratios, 0.0, tuple(base[:2]), 20.5).disturbed
     rows = [{"pairing": "window", "pair": str(k), "against": "3", "attempt": "0",
-             "state": "complete", "role": role, "samples_per_s": str(value), "delta": "0.04"}
+             "state": "complete", "role": role, "samples_per_s": str(value), "delta": "0.04",
+             "reference": "20.5"}
             for k, (t, b) in enumerate(zip(twin, base, strict=True))
             for role, value in (("finalist", t), ("baseline", b))]  # fmt: skip
     verdict = verdict_from_rows(rows)
     assert verdict.chosen is None and verdict.comparisons[0].disturbed == 5
+    for row in rows:
+        row["reference"] = "nan"  # hand-edited: no reference, ratios alone
+    assert verdict_from_rows(rows).chosen is not None  # what the reference is there to stop
+
+
+def test_below_five_pairs_the_floor_is_taken_whole() -> None:
+    """Three pairs agreeing within 0.1% on a machine whose search measured 3%: the floor holds
+    them back whole (pooled, they would keep at δ 2%)."""
+    lucky = (1.080, 1.081, 1.079)
+    held = PairedRatio(lucky, 0.03)
+    assert decide(held.low, held.high, 0.02) == UNDECIDED
+    assert held.half_width == pytest.approx(t_quantile(2) * 0.03 / 3**0.5)
