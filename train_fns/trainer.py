@@ -331,7 +331,7 @@ class ElasticTrainer:
             return
         directory = temp_checkpoint_dir()
         try:
-            save_checkpoint(runner, self._checkpoint_state(runner), directory)
+            save_checkpoint(runner, self._checkpoint_state(runner, metrics), directory)
             metrics[m.CHECKPOINT_STEP] = step
             self.report(batch, directory)
         finally:
@@ -343,7 +343,8 @@ class ElasticTrainer:
         """A snapshot at ``step``; at a checkpoint's step too: its registration needs every
         rank's report, so a node lost during it leaves the previous checkpoint the newest."""
         started = time.perf_counter()
-        done = snapshots.take(runner, self._checkpoint_state(runner), self.keeper, step)
+        state = self._checkpoint_state(runner, metrics)
+        done = snapshots.take(runner, state, self.keeper, step)
         if done == snapshots.SENT:
             metrics[m.SNAPSHOT_S] = time.perf_counter() - started
         elif done == snapshots.HELD_BACK:
@@ -355,9 +356,12 @@ class ElasticTrainer:
         if self.rank == 0 and self.spec.progress_file:
             Path(self.spec.progress_file).write_text(str(step))
 
-    def _checkpoint_state(self, runner: StepRunner) -> dict[str, Any]:
+    def _checkpoint_state(self, runner: StepRunner, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The run state saved with the weights; ``last_loss`` (the saved step's loss) lets a
+        ``--resume`` whose checkpoint already holds the last step close the run without Ray."""
         return {
             **self.state,
+            "last_loss": metrics.get(m.LOSS),
             "world_size": self.world,
             "split": [runner.plan.accumulation_steps, runner.plan.micro_batch],
             "global_batch": runner.plan.global_batch,

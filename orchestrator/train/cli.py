@@ -21,7 +21,14 @@ from typing import Any
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
-from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, TRAIN_FILES, TRAIN_RUN_NAME, Summary
+from orchestrator.runfiles import (
+    BEST_YAML,
+    EVENTS_JSONL,
+    TRAIN_FILES,
+    TRAIN_RUN_NAME,
+    Summary,
+    write_summary,
+)
 from orchestrator.session import check_ray_address
 from orchestrator.sizes import workers_range
 from train_fns.elastic import read_state
@@ -115,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"commtune: error: {e}", file=sys.stderr)
         return 2
+    latest = latest_checkpoint(out) if args.resume else None
+    if latest is not None and latest[0] >= config.train.steps:
+        return finished_before(config, out, latest)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from orchestrator.train.run import run  # Ray Train and torch load once the input is good
 
@@ -129,6 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     totals = Summary.from_mapping(summary)
     print_summary(totals, out)
     return 0 if totals.steps == config.train.steps and not totals.error else 1
+
+
+def finished_before(config: Config, out: Path, latest: tuple[int, Path]) -> int:
+    """``--resume`` of a run whose newest checkpoint already holds its last step (the driver
+    stopped after the workers' final checkpoint, before their last rows reached it): nothing
+    is trained again; summary.json says the step and loss that checkpoint saved."""
+    step, folder = latest
+    loss = read_state(folder).get("last_loss")
+    summary = Summary(steps=step, steps_wanted=config.train.steps, final_loss=loss, wall_s=0.0,
+                      warnings=[f"the run had reached step {step} before this --resume (its "
+                                f"checkpoint {folder.name}); the rows of the steps after its "
+                                "last logged one never reached progress.csv"])  # fmt: skip
+    write_summary(out, summary)
+    print(
+        f"resume: the run already reached step {step} of {config.train.steps} (its checkpoint "
+        f"at step {step}): nothing left to train; final loss {_figure(loss, '.4f')}"
+    )
+    print(f"warning: {summary.warnings[0]}")
+    print(f"run folder: {out} ({', '.join((*TRAIN_FILES, EVENTS_JSONL))})")
+    return 0
 
 
 def print_summary(summary: Summary, out: Path) -> None:

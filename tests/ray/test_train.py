@@ -96,10 +96,13 @@ def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     )  # fmt: skip
     assert refused.returncode == 2 and "--resume" in refused.stderr
     output = finish(start(tmp_path, "--steps", "40", "--resume"))
-    assert "resuming from step" in output
     resumed = summary(tmp_path)
     assert resumed["steps"] == 40
     assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
+    if "nothing left to train" in output:  # the kill landed after the final checkpoint (a
+        assert resumed["warnings"] and not leftovers()  # smoke step: 0.06 s): closed from it
+        return
+    assert "resuming from step" in output
     resumed_from = [e for e in events(tmp_path) if e["kind"] == "start"][-1]["resumed_from_step"]
     assert resumed_from in (latest, latest + 10)  # the latest checkpoint before the kill
     after = [int(r["step"]) for r in rows(tmp_path)][-(40 - resumed_from) :]

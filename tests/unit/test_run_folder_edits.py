@@ -154,6 +154,29 @@ def test_the_closing_lines_of_a_diverged_run(capsys: pytest.CaptureFixture[str])
     assert "0 restart(s), 3s" in out and "non-finite steps: 4 (100.00%)" in out
 
 
+def test_a_resume_whose_checkpoint_holds_the_last_step_trains_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver died after the workers' final checkpoint, before its rows reached it (seen
+    in the killed-driver test): --resume closes the run from that checkpoint, without Ray,
+    exit 0, the summary at the last step with the loss it saved."""
+    import ray
+
+    from orchestrator.train.cli import main
+
+    folder = tmp_path / "run" / "train" / "checkpoint_2026-12-02_07-19-22.988152"
+    folder.mkdir(parents=True)
+    (folder / "train_state.json").write_text(json.dumps({"step": 40, "last_loss": 7.639}))
+    args = ["--preset", "smoke", "--steps", "40", "--out", str(tmp_path / "run")]
+    assert main(args) == 2  # without --resume: the folder holds a run
+    assert main([*args, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "already reached step 40 of 40" in out and "final loss 7.6390" in out
+    summary = collect([tmp_path / "run"]).summary
+    assert (summary.steps, summary.steps_wanted, summary.final_loss) == (40, 40, 7.639)
+    assert summary.warnings and not ray.is_initialized()
+
+
 def test_the_remeasure_table_is_written_whole(tmp_path: Path) -> None:
     from orchestrator.search import finalists
 
