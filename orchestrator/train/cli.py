@@ -12,6 +12,7 @@ steps done, 2 usage or configuration error (before Ray starts), 1 the run failed
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import (
     BEST_YAML,
     EVENTS_JSONL,
+    PROGRESS_CSV,
     TRAIN_FILES,
     TRAIN_RUN_NAME,
     Summary,
@@ -147,18 +149,30 @@ def finished_before(config: Config, out: Path, latest: tuple[int, Path]) -> int:
     is trained again; summary.json says the step and loss that checkpoint saved."""
     step, folder = latest
     loss = read_state(folder).get("last_loss")
+    logged = _last_logged(out / PROGRESS_CSV)
+    lost = [] if logged >= step else [f"steps {logged + 1}-{step} ran before this --resume (its "
+                                      f"checkpoint {folder.name}) but never reached "
+                                      f"{PROGRESS_CSV}"]  # fmt: skip
     summary = Summary(steps=step, steps_wanted=config.train.steps, final_loss=loss, wall_s=0.0,
-                      warnings=[f"the run had reached step {step} before this --resume (its "
-                                f"checkpoint {folder.name}); the rows of the steps after its "
-                                "last logged one never reached progress.csv"])  # fmt: skip
+                      warnings=lost)  # fmt: skip
     write_summary(out, summary)
     print(
         f"resume: the run already reached step {step} of {config.train.steps} (its checkpoint "
         f"at step {step}): nothing left to train; final loss {_figure(loss, '.4f')}"
     )
-    print(f"warning: {summary.warnings[0]}")
+    for warning in lost:
+        print(f"warning: {warning}")
     print(f"run folder: {out} ({', '.join((*TRAIN_FILES, EVENTS_JSONL))})")
     return 0
+
+
+def _last_logged(path: Path) -> int:
+    """The last step progress.csv holds (0: none, or no readable file)."""
+    try:
+        with path.open(newline="") as handle:
+            return max((int(r["step"]) for r in csv.DictReader(handle)), default=0)
+    except (OSError, KeyError, TypeError, ValueError):
+        return 0
 
 
 def print_summary(summary: Summary, out: Path) -> None:

@@ -100,7 +100,7 @@ def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     assert resumed["steps"] == 40
     assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
     if "nothing left to train" in output:  # the kill landed after the final checkpoint (a
-        assert resumed["warnings"] and not leftovers()  # smoke step: 0.06 s): closed from it
+        assert not leftovers()  # smoke step takes 0.06 s): the run was closed from it
         return
     assert "resuming from step" in output
     resumed_from = [e for e in events(tmp_path) if e["kind"] == "start"][-1]["resumed_from_step"]
