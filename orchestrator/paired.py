@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_PAIRS = 3
@@ -178,25 +179,24 @@ def pair_order(pair: int) -> tuple[str, str]:
 def recorded_positive(rows: list[dict[str, str]], column: str) -> float:
     """The first positive finite value remeasure.csv records in ``column`` (the baseline's
     search figure); 0.0 where no row holds one (an older file, or a hand-edited one)."""
-    for row in rows:
-        try:
-            value = float(row.get(column) or "nan")
-        except ValueError:
-            continue
-        if 0 < value < math.inf:
-            return value
-    return 0.0
+    return _first_recorded(rows, column, lambda v: 0 < v < math.inf, 0.0)
 
 
 def recorded_fraction(rows: list[dict[str, str]], column: str, default: float) -> float:
     """The first value in [0, 1) that remeasure.csv records in ``column`` (δ, the noise floor);
     ``default`` where no row holds one (an older file, or a hand-edited one)."""
+    return _first_recorded(rows, column, lambda v: 0 <= v < 1, default)
+
+
+def _first_recorded(
+    rows: list[dict[str, str]], column: str, accept: Callable[[float], bool], default: float
+) -> float:
     for row in rows:
         try:
             value = float(row.get(column) or "nan")
         except ValueError:
             continue
-        if 0 <= value < 1:
+        if accept(value):
             return value
     return default
 
