@@ -29,6 +29,8 @@ from orchestrator.runfiles import (
     TRAIN_FILES,
     TRAIN_RUN_NAME,
     Summary,
+    num,
+    read_csv,
     write_summary,
 )
 from orchestrator.session import check_ray_address
@@ -167,12 +169,13 @@ def finished_before(config: Config, out: Path, latest: tuple[int, Path]) -> int:
 
 
 def _last_logged(path: Path) -> int:
-    """The last step progress.csv holds (0: none, or no readable file)."""
+    """The last step progress.csv holds (0: none, or no readable file: ``runfiles.read_csv``,
+    capped as every run-folder reader is)."""
     try:
-        with path.open(newline="") as handle:
-            return max((int(r["step"]) for r in csv.DictReader(handle)), default=0)
-    except (OSError, KeyError, TypeError, ValueError):
+        rows = read_csv(path)
+    except (OSError, ValueError, csv.Error):
         return 0
+    return int(max((num(r.get("step")) or 0 for r in rows), default=0))
 
 
 def print_summary(summary: Summary, out: Path) -> None:
