@@ -6,9 +6,10 @@ primary search, in the run folder itself, with the configured trials. Each small
 search of its own in ``size-N/`` (its own baseline, finalists and verdict against that
 baseline), with half the trials: it starts from what the sizes before it found best, fitted to
 it (tried right after its baseline), the staged proposer's memory shapes and the cost model, so
-it needs fewer trials than a search from nothing. best.yaml in the run folder then holds an
-entry per size (``sizes``, ``orchestrator.sizes``) that ``orchestrator.train`` switches
-between as the run resizes.
+it needs fewer trials than a search from nothing; its windows (the race's too) are as many
+seconds as the primary's, in fewer of its longer steps (``window_steps``). best.yaml in the
+run folder then holds an entry per size (``sizes``, ``orchestrator.sizes``) that
+``orchestrator.train`` switches between as the run resizes.
 """
 
 from __future__ import annotations
@@ -31,14 +32,30 @@ MIN_TRIALS = 4
 
 def size_config(config: Config, size: int, primary: bool) -> Config:
     """``config`` for the search at ``size``: the primary keeps its name and trials; a smaller
-    size has its own study name (a shared database holds both) and half the trials."""
+    size has its own study name (a shared database holds both), half the trials and windows
+    of as many seconds as the primary's (``window_steps``)."""
     if primary:  # what it writes becomes the entries: an older best.yaml's are not kept
         return dataclasses.replace(config, sizes={})
     trials = min(config.search.trials, max(MIN_TRIALS, math.ceil(config.search.trials / 2)))
-    search = dataclasses.replace(config.search, trials=trials, world_sizes=[])
+    steps = window_steps(config, size) * config.search.windows
+    measure = min(config.search.measure_steps, steps)
+    search = dataclasses.replace(
+        config.search, trials=trials, world_sizes=[], measure_steps=measure
+    )
     cluster = dataclasses.replace(config.cluster, num_workers=size)
     return dataclasses.replace(config, name=f"{config.name}-size{size}", cluster=cluster,
                                search=search, sizes={})  # fmt: skip
+
+
+def window_steps(config: Config, size: int) -> int:
+    """Steps a window of a smaller size's search measures: the primary's, scaled by the size
+    (rounded up, at least one). At a fixed global batch each of ``size`` workers does
+    ``num_workers / size`` times the primary's work per step, so a window of as many steps
+    would take that much longer for no more certainty: a window's noise is the machine's over
+    its seconds (and the race's pairs, half the smaller size's time at equal steps, are
+    windows too)."""
+    primary = config.search.measure_steps // config.search.windows
+    return max(1, math.ceil(primary * size / config.cluster.num_workers))
 
 
 def check_sizes_can_run(config: Config) -> None:

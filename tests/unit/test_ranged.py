@@ -51,6 +51,20 @@ def test_a_smaller_size_searches_on_its_own_name_with_half_the_trials() -> None:
     assert size_config(few, 1, primary=False).search.trials == 3  # never more than the primary
 
 
+def test_a_smaller_size_measures_windows_of_as_many_seconds_in_fewer_longer_steps() -> None:
+    config = load_config(preset="cpu-demo", sets=["search.world_sizes=[2, 1]"])
+    one = size_config(config, 1, primary=False)  # 3 steps a window on 2 workers: 1.5 -> 2
+    assert (one.search.measure_steps, one.search.windows) == (6, 3)
+    wide = load_config(preset="cpu-demo", sets=["cluster.num_workers=8", "workload.global_batch=64",
+                                                "search.world_sizes=[8, 4, 2, 1]"])  # fmt: skip
+    steps = [size_config(wide, n, primary=False).search.measure_steps for n in (4, 2, 1)]
+    assert steps == [6, 3, 3]
+    odd = load_config(preset="cpu-demo", sets=["search.measure_steps=20", "search.windows=4",
+                                               "search.world_sizes=[2, 1]"])  # fmt: skip
+    assert size_config(odd, 1, primary=False).search.measure_steps == 12  # 5 a window -> 3
+    assert size_config(odd, 2, primary=True).search.measure_steps == 20  # the primary as set
+
+
 def _best(folder: Path, sets: list[str], header: str = HEADER) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "best.yaml"
