@@ -72,10 +72,13 @@ def sizes_to_tune(low: int, high: int, global_batch: int) -> list[int]:
 
 
 def workers_range(text: str) -> tuple[int, int]:
-    """``--workers MIN:MAX`` as two integers, 1 <= MIN <= MAX."""
-    low, sep, high = text.partition(":")
-    if not sep or not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
-        raise ConfigError("--workers", f"{text!r} is not MIN:MAX with 1 <= MIN <= MAX, e.g. 1:4")
+    """``--workers MIN:MAX`` as two integers, 1 <= MIN <= MAX; a single N is N:N (exactly N
+    workers: what a user means by ``--workers 2``)."""
+    low, sep, high = text.strip().partition(":")
+    high = high if sep else low
+    if not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
+        raise ConfigError("--workers", f"{text!r} is not N or MIN:MAX with 1 <= MIN <= MAX, "
+                          "e.g. 2 or 1:4")  # fmt: skip
     return int(low), int(high)
 
 

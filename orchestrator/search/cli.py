@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--trials", type=int, help="total trials, baseline included")
     p.add_argument("--workers", metavar="MIN:MAX", help="tune each world size an elastic run "
-                   "may have (the ends, the powers of two between): an entry per size")  # fmt: skip
+                   "may have (the ends, the powers of two between): an entry per size; a "
+                   "single N searches N workers")  # fmt: skip
     p.add_argument("--out", help="output folder (default: runs/<name>)")
     p.add_argument(
         "--storage",

@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one key, e.g. --set train.max_failures=5")  # fmt: skip
     p.add_argument("--steps", type=int, help="optimizer steps in all (train.steps)")
-    p.add_argument("--workers", metavar="MIN:MAX", help="elastic worker range, e.g. 1:4")
+    p.add_argument("--workers", metavar="MIN:MAX",
+                   help="elastic worker range, e.g. 1:4 (a single N: exactly N)")  # fmt: skip
     p.add_argument("--checkpoint-every", type=int, metavar="K", help="train.checkpoint_every")
     p.add_argument("--max-failures", type=int, help="train.max_failures")
     p.add_argument("--adaptive", action="store_true", help="adapt the accumulation split")

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import ConfigError, dump_config, load_config
 from orchestrator.search.ranged import read_entry, size_config, write_sizes
-from orchestrator.sizes import sizes_to_tune
+from orchestrator.sizes import sizes_to_tune, workers_range
 
 HEADER = (
     "# commtune best configuration: trial 3, 210.50 samples/s\n"
@@ -24,6 +24,10 @@ def test_the_ends_and_the_powers_of_two_between_that_carry_the_batch_largest_fir
     assert sizes_to_tune(3, 12, 48) == [12, 8, 4, 3]
     assert sizes_to_tune(5, 7, 48) == []  # none carries 48 exactly
     assert sizes_to_tune(4, 4, 48) == [4]
+
+
+def test_a_single_n_is_exactly_n_workers() -> None:
+    assert workers_range("2") == (2, 2) and workers_range(" 1:4 ") == (1, 4)
 
 
 def test_world_sizes_are_checked_against_the_batch_and_the_primary_size() -> None:
@@ -125,7 +129,10 @@ def _search_error(*argv: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (["--workers", "2:1"], "error: --workers: '2:1' is not MIN:MAX"),
+    (["--workers", "2:1"], "error: --workers: '2:1' is not N or MIN:MAX"),
+    (["--workers", "0"], "error: --workers: '0' is not N or MIN:MAX"),
+    (["--workers", "two"], "error: --workers: 'two' is not N or MIN:MAX"),
+    (["--workers", "1:"], "error: --workers: '1:' is not N or MIN:MAX"),
     (["--workers", "1:3"], "error: --workers: 3 workers cannot carry workload.global_batch=32 "
                            "exactly; use --workers 1:2"),
     (["--workers", "1:2", "--dry-run"], "error: --workers: a dry run prices one size"),
