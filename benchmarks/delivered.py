@@ -74,14 +74,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="baseline/best pairs")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per training run")
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of a run's figure")
-    quick = "a smoke search, then 2 pairs of 12 steps (what the tests run)"
+    quick = "a smoke search (a 3-pair race), then 2 pairs of 12 steps (what the tests run)"
     ap.add_argument("--quick", action="store_true", help=quick)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp:
         work = Path(tmp)
         if args.quick:
             args.run, args.rounds, args.steps, args.skip = str(work / "search"), 2, 12, 3
-            search = ["-m", "orchestrator.search", "--preset", "smoke", "--out", args.run]
+            short = ["--set", "search.verdict_pairs=3", "--set", "search.scaling_baseline=false"]
+            search = ["-m", "orchestrator.search", "--preset", "smoke", "--out", args.run, *short]
             subprocess.run([sys.executable, *search], cwd=ROOT, check=True, capture_output=True)
         if not args.run:
             ap.error("name a search's run folder (or --quick)")
