@@ -72,14 +72,38 @@ def sizes_to_tune(low: int, high: int, global_batch: int) -> list[int]:
 
 
 def workers_range(text: str) -> tuple[int, int]:
-    """``--workers MIN:MAX`` as two integers, 1 <= MIN <= MAX; a single N is N:N (exactly N
-    workers: what a user means by ``--workers 2``)."""
+    """``--workers MIN:MAX`` as two integers, 1 <= MIN <= MAX <= ``MAX_SIZE``; a single N is
+    N:N (exactly N workers: what a user means by ``--workers 2``)."""
     low, sep, high = text.strip().partition(":")
     high = high if sep else low
-    if not low.isdigit() or not high.isdigit() or not 1 <= int(low) <= int(high):
-        raise ConfigError("--workers", f"{text!r} is not N or MIN:MAX with 1 <= MIN <= MAX, "
-                          "e.g. 2 or 1:4")  # fmt: skip
+    digits = all(part.isascii() and part.isdigit() for part in (low, high))
+    if not digits or not 1 <= int(low) <= int(high) <= MAX_SIZE:
+        raise ConfigError("--workers", f"{text!r} is not N or MIN:MAX with 1 <= MIN <= MAX <= "
+                          f"{MAX_SIZE}, e.g. 2 or 1:4")  # fmt: skip
     return int(low), int(high)
+
+
+def check_batch_fits(low: int, high: int, batch: int, anywhere: bool = False) -> None:
+    """``--workers low:high`` must carry ``batch`` exactly at MAX (a search starts there), or,
+    ``anywhere``, at some size of the range (a training run waits out the sizes that cannot:
+    ``train.on_no_split``; with none it would wait forever); a ConfigError names the sizes
+    nearest that do."""
+    if batch % high == 0 or anywhere and any(batch % n == 0 for n in range(low, high + 1)):
+        return
+    below = next((n for n in range(min(high, batch), 0, -1) if batch % n == 0), None)
+    above = next((n for n in range(high + 1, min(batch, MAX_SIZE) + 1) if batch % n == 0), None)
+    single = low == high  # a single size asked for: a single size offered
+    near = " or ".join(
+        _workers_arg(n if single else min(low, n), max(high, n) if anywhere and not single else n)
+        for n in (below, above) if n is not None
+    )  # fmt: skip
+    what = f"no size of {low}:{high} can" if anywhere and low < high else f"{high} workers cannot"
+    raise ConfigError("--workers", f"{what} carry workload.global_batch={batch} "
+                      f"exactly; use {near}")  # fmt: skip
+
+
+def _workers_arg(low: int, high: int) -> str:
+    return f"--workers {low}" if low == high else f"--workers {low}:{high}"
 
 
 def _over(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
 from orchestrator.search.context import space_for
 from orchestrator.search.ranged import check_sizes_can_run
 from orchestrator.session import check_ray_address
-from orchestrator.sizes import sizes_to_tune, workers_range
+from orchestrator.sizes import check_batch_fits, sizes_to_tune, workers_range
 from train_fns.plan import FAULT_KINDS
 
 
@@ -128,21 +128,21 @@ def _settings(args: argparse.Namespace) -> tuple[Config, dict[int, str]]:
 
 def _range_sets(args: argparse.Namespace, sets: list[str]) -> list[str]:
     """``--workers MIN:MAX`` as the keys it sets: the sizes worth a search, which depend on the
-    global batch the config gives (read at one worker, which carries any batch)."""
-    if args.dry_run:
-        raise ConfigError("--workers", "a dry run prices one size; leave --workers out")
+    global batch the config gives (read at one worker, which carries any batch). A single size
+    (``--workers N``) is the usual search at N workers."""
+    low, high = workers_range(args.workers)
+    if args.dry_run and low < high:
+        raise ConfigError("--workers", "a dry run prices one size; give one, e.g. --workers "
+                          f"{high}")  # fmt: skip
     if any(item.split("=")[0].strip() == "search.world_sizes" for item in sets):
         raise ConfigError("--workers", "search.world_sizes is set too; give one of the two")
-    low, high = workers_range(args.workers)
     batch = (merged(args.config, args.preset, sets).get("workload") or {}).get("global_batch")
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         return [f"cluster.num_workers={high}"]  # the config's own check names the batch
+    check_batch_fits(low, high, batch)
+    if low == high:
+        return [f"cluster.num_workers={high}"]
     sizes = sizes_to_tune(low, high, batch)
-    if high not in sizes:
-        fits = [s for s in range(high, low - 1, -1) if batch % s == 0]
-        hint = f"--workers {low}:{fits[0]}" if fits else "a range with a divisor of it"
-        raise ConfigError("--workers", f"{high} workers cannot carry workload.global_batch="
-                          f"{batch} exactly; use {hint}")  # fmt: skip
     if low not in sizes:
         print(f"--workers: {low} workers cannot carry workload.global_batch={batch} exactly; "
               "not searched")  # fmt: skip

@@ -34,7 +34,7 @@ from orchestrator.runfiles import (
     write_summary,
 )
 from orchestrator.session import check_ray_address
-from orchestrator.sizes import workers_range
+from orchestrator.sizes import check_batch_fits, workers_range
 from train_fns.elastic import read_state
 from train_fns.metrics import STATE_FILE
 
@@ -81,6 +81,8 @@ def configure(args: argparse.Namespace) -> Config:
         low, high = workers_range(args.workers)
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
     config = load_config(args.config, args.preset, sets)
+    if args.workers:  # a group that cannot split the batch would wait for a size forever
+        check_batch_fits(low, high, config.workload.global_batch, anywhere=True)
     config = absolute_paths(config)
     config, notes = check_model(config)
     for note in notes:

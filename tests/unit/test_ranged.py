@@ -135,7 +135,11 @@ def _search_error(*argv: str) -> tuple[int, str]:
     (["--workers", "1:"], "error: --workers: '1:' is not N or MIN:MAX"),
     (["--workers", "1:3"], "error: --workers: 3 workers cannot carry workload.global_batch=32 "
                            "exactly; use --workers 1:2"),
-    (["--workers", "1:2", "--dry-run"], "error: --workers: a dry run prices one size"),
+    (["--workers", "1:99999"], "error: --workers: '1:99999' is not N or MIN:MAX"),
+    (["--workers", "²"], "error: --workers: '²' is not N or MIN:MAX"),
+    (["--workers", "3"], "error: --workers: 3 workers cannot carry workload.global_batch=32 "
+                         "exactly; use --workers 2 or --workers 4"),
+    (["--workers", "1:2", "--dry-run"], "error: --workers: a dry run prices one size; give one"),
     (["--workers", "1:2", "--set", "search.world_sizes=[2]"], "error: --workers: search.world_"),
     (["--workers", "1:4", "--set", "strategy=fsdp", "--set", "tuned={reshard_after_forward: 2}"],
      "error: tuned.reshard_after_forward: at 2 workers (search.world_sizes)"),
@@ -157,3 +161,26 @@ def test_a_size_with_no_exact_split_is_said_and_left_out(tmp_path: Path) -> None
         config, _ = _settings(args)
     assert config.search.world_sizes == [4] and config.cluster.num_workers == 4
     assert "--workers: 3 workers cannot carry workload.global_batch=32 exactly" in out.getvalue()
+
+
+def test_a_single_size_is_the_usual_search_at_that_size() -> None:
+    from orchestrator.search.cli import _settings, parse_args
+
+    config, _ = _settings(parse_args(["--preset", "cpu-demo", "--workers", "1"]))
+    assert config.cluster.num_workers == 1 and config.search.world_sizes == []
+    code, text = _search_error("--preset", "cpu-demo", "--workers", "1", "--dry-run")
+    assert code == 0 and "1 ranks on loopback_gloo" in text, text
+
+
+def test_training_refuses_a_range_in_which_no_size_splits_the_batch() -> None:
+    from orchestrator.train.cli import configure, parse_args
+
+    for workers, said in (("3", "3 workers cannot carry workload.global_batch=32 exactly; use "
+                                "--workers 2 or --workers 4"),
+                          ("5:7", "no size of 5:7 can carry workload.global_batch=32 exactly; use "
+                                  "--workers 4:7 or --workers 5:8")):  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            configure(parse_args(["--preset", "cpu-demo", "--workers", workers]))
+        assert e.value.key == "--workers" and said in str(e.value), e.value
+    config = configure(parse_args(["--preset", "cpu-demo", "--workers", "1:3"]))
+    assert (config.train.min_workers, config.train.max_workers) == (1, 3)  # 3 waits for 1 or 2
