@@ -92,18 +92,15 @@ def check_batch_fits(low: int, high: int, batch: int, anywhere: bool = False) ->
         return
     below = next((n for n in range(min(high, batch), 0, -1) if batch % n == 0), None)
     above = next((n for n in range(high + 1, min(batch, MAX_SIZE) + 1) if batch % n == 0), None)
-    single = low == high  # a single size asked for: a single size offered
-    near = " or ".join(
-        _workers_arg(n if single else min(low, n), max(high, n) if anywhere and not single else n)
-        for n in (below, above) if n is not None
-    )  # fmt: skip
+
+    def moved(n: int) -> str:  # what was asked, moved just enough to take size n
+        lo, hi = (n, n) if low == high else (min(low, n), max(high, n) if anywhere else n)
+        return f"--workers {lo}" if lo == hi else f"--workers {lo}:{hi}"
+
+    near = " or ".join(moved(n) for n in (below, above) if n is not None)
     what = f"no size of {low}:{high} can" if anywhere and low < high else f"{high} workers cannot"
     raise ConfigError("--workers", f"{what} carry workload.global_batch={batch} "
                       f"exactly; use {near}")  # fmt: skip
-
-
-def _workers_arg(low: int, high: int) -> str:
-    return f"--workers {low}" if low == high else f"--workers {low}:{high}"
 
 
 def _over(earlier: dict[str, Any] | None, later: dict[str, Any]) -> dict[str, Any]:
