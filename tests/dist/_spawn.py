@@ -25,6 +25,13 @@ from torch.distributed.tensor import DTensor
 from train_fns.strategies import canonical_name
 
 WORLD_SIZE = 2
+FORKSERVER = mp.get_context("forkserver")
+"""Ranks fork from one server that imported torch, transformers and train_fns once: a spawned
+rank re-imported them (4-5 s a rank on 2 cores, most of the dist tests' time). The server is
+forked before any rank runs a collective or a thread pool, so each rank starts clean."""
+FORKSERVER.set_forkserver_preload(
+    ["torch", "torch.distributed.fsdp", "transformers", "train_fns.loop", "_placement"]
+)
 
 
 def free_port() -> int:
@@ -41,8 +48,12 @@ def _entry(
     port: int,
     out_dir: str,
     args: tuple,
+    environ: dict[str, str],
     simulate_gpu: bool = False,
 ) -> None:
+    # The server's environment is the one it started with: take the test's, as spawn did.
+    os.environ.clear()
+    os.environ.update(environ)
     # Two workers on a 2-core machine: one thread each, or they fight for cores.
     torch.set_num_threads(1)
     check_collectives()  # every dist test checks where collective tensors live
@@ -77,10 +88,10 @@ def run_distributed(
     with tempfile.TemporaryDirectory(prefix="commtune-dist-") as out_dir:
         context = mp.start_processes(
             _entry,
-            args=(fn, world_size, free_port(), out_dir, args, simulate_gpu),
+            args=(fn, world_size, free_port(), out_dir, args, dict(os.environ), simulate_gpu),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1.0):
@@ -114,11 +125,15 @@ def run_to_exit(
     For fault tests: a rank may crash, raise or be ended by its watchdog. A rank still alive
     at ``timeout_s`` is killed and reported as None.
     """
+    # Spawned, not forked from the server: a fork takes the server's stderr, and these tests
+    # read what the ranks print (capfd) from the test's own.
     context = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="commtune-dist-") as out_dir:
         processes = [
-            context.Process(target=_entry, args=(rank, fn, world_size, port, out_dir, args))
+            context.Process(
+                target=_entry, args=(rank, fn, world_size, port, out_dir, args, dict(os.environ))
+            )
             for rank in range(world_size)
         ]
         for process in processes:
