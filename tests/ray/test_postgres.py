@@ -2,7 +2,8 @@
 another machine's folder with the same --storage, and the study is a plain Optuna study.
 
 The server is started here (``_postgres``), so a fresh machine needs no manual step; one smoke
-search (killed, then resumed) serves every Ray test of this module.
+search (killed, then resumed, then resumed again with nothing owed) serves every Ray test of
+this module.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Resumed:
     stdout: str
     a: Path
     b: Path
+    again: str
+    """What a second --resume said: nothing owed, the outputs rewritten."""
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,9 @@ def resumed(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     first = kill_during_second_trial([*args, "--out", str(a / "run")], url)
     proc = cli([*args, "--out", str(b / "run"), "--resume"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return Resumed(url, first, proc.stdout + proc.stderr, a / "run", b / "run")
+    again = cli([*args, "--out", str(b / "run"), "--resume"])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    return Resumed(url, first, proc.stdout + proc.stderr, a / "run", b / "run", again.stdout)
 
 
 def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
@@ -95,6 +100,8 @@ def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
     assert "postgresql+psycopg://commtune:***@" in (b / "best.yaml").read_text()
     leaked = [p.name for p in b.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
     assert not leaked and PASSWORD not in resumed.stdout, leaked
+    assert "already has 2 of 2 trials" in resumed.again, "a finished study runs nothing again"
+    assert len(list(csv.DictReader((b / "trials.csv").open()))) == len(rows)
 
 
 def test_the_study_reads_back_through_optunas_public_api(resumed: Resumed) -> None:

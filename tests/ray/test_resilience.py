@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from _search import FAST, interrupt_during_second_trial, kill_during_second_trial
+from _search import FAST, interrupt_during_second_trial
 from _search import cli as _cli
 
 DEADLINE_S = 15
@@ -28,6 +28,10 @@ def _train_workers() -> list[str]:
 
 @pytest.mark.slow  # minutes of CI time: run with -m slow
 def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    """Crash, hang, OOM and corrupt trials in one search (a search each cost a cold start):
+    trial 5's gradients are perturbed on one rank after the all-reduce, not slower, only wrong;
+    the guard ends it corrupt, and the healthy configurations (exact knobs, dropout on in the
+    smoke model) pass it."""
     out = tmp_path / "faults"
     proc = _cli(
         [
@@ -35,13 +39,13 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
             "--out",
             str(out),
             "--trials",
-            "5",
+            "6",
             "--set",
             "search.prune=false",
             "--set",
             f"search.step_deadline_s={DEADLINE_S}",
             "--inject-faults",
-            "1:crash,2:hang,3:oom",
+            "1:crash,2:hang,3:oom,5:corrupt",
         ]
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,41 +54,20 @@ def test_injected_faults_are_recorded_and_the_search_goes_on(tmp_path: Path) -> 
     assert rows[1]["state"] == "crash" and "died" in rows[1]["reason"]
     assert rows[2]["state"] == "hang" and "step_deadline_s=15" in rows[2]["reason"]
     assert rows[3]["state"] == "oom" and "micro_batch=" in rows[3]["reason"]
+    assert rows[5]["state"] == "corrupt" and "grad norm" in rows[5]["reason"], rows[5]
     # a crash or a hang ends its worker group (the next trial starts a new one); an OOM on
     # every rank does not: trial 4 is measured by trial 3's workers
     assert all(float(rows[n]["start_s"]) > 0 for n in (0, 2, 3))
     assert rows[4]["state"] == "complete" and float(rows[4]["start_s"]) == 0
     # the hang is ended within its deadline plus start-up and teardown, not a timeout later
     assert float(rows[2]["trial_wall_s"]) < DEADLINE_S + 45
+    assert not (out / "best.yaml").read_text().startswith("# commtune best configuration: trial 5,")
     study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
     states = [t.state for t in study.trials]
-    assert states[0] == optuna.trial.TrialState.COMPLETE
-    assert states[1:4] == [optuna.trial.TrialState.FAIL] * 3, "never a throughput of 0"
+    assert states[0] == states[4] == optuna.trial.TrialState.COMPLETE
+    failed = [states[n] for n in (1, 2, 3, 5)]
+    assert failed == [optuna.trial.TrialState.FAIL] * 4, "never a throughput of 0"
     assert not _train_workers(), "no process of a trial survives the search"
-
-
-@pytest.mark.slow  # minutes of CI time: run with -m slow
-def test_killed_driver_resumes_to_the_requested_total(tmp_path: Path) -> None:
-    out = tmp_path / "resume"
-    # 30 measured steps: a trial takes seconds even in a warm group, so the kill lands in one
-    args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
-    args += ["--set", "search.measure_steps=30"]
-    storage = f"sqlite:///{out / 'study.db'}"
-    first = kill_during_second_trial(args, storage)
-
-    resumed = _cli([*args, "--resume"])
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "was interrupted" in resumed.stdout
-    rows = _rows(out)
-    counted = [r for r in rows if r["state"] != "interrupted"]
-    assert len(counted) == 3, rows
-    assert [r for r in rows if r["state"] == "interrupted"], "the killed trial is marked"
-    kept = optuna.load_study(study_name="smoke", storage=storage).trials[0]
-    assert kept.user_attrs["samples_per_s"] == first, "completed values are kept as they were"
-
-    again = _cli([*args, "--resume"])
-    assert again.returncode == 0 and "already has 3 of 3 trials" in again.stdout
-    assert len(_rows(out)) == len(rows)
 
 
 @pytest.mark.slow  # 179 s on a loaded 2-core machine
@@ -146,21 +129,3 @@ def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:
         assert time.monotonic() - started < 60
     finally:
         cluster.shutdown()
-
-
-@pytest.mark.slow
-def test_a_corrupt_configuration_is_never_best(tmp_path: Path) -> None:
-    """Trial 2's gradients are perturbed on one rank after the all-reduce: not slower, only
-    wrong. The guard ends it corrupt; the other configurations (exact knobs, dropout on in the
-    smoke model) pass it."""
-    out = tmp_path / "corrupt"
-    proc = _cli([*FAST, "--out", str(out), "--trials", "4", "--set", "search.prune=false",
-                 "--inject-faults", "2:corrupt"])  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {int(r["number"]): r for r in _rows(out)}
-    assert rows[2]["state"] == "corrupt" and "grad norm" in rows[2]["reason"], rows[2]
-    assert rows[0]["state"] == "complete"
-    assert all(rows[n]["state"] != "corrupt" for n in (1, 3)), rows
-    assert not (out / "best.yaml").read_text().startswith("# commtune best configuration: trial 2,")
-    study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'study.db'}")
-    assert study.trials[2].state == optuna.trial.TrialState.FAIL
