@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="baseline/best pairs")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per training run")
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of a run's figure")
-    quick = "a smoke search (a 3-pair race), then 2 pairs of 12 steps (what the tests run)"
+    quick = "a smoke search (2 trials, a 3-pair race), then 2 pairs of 12 steps (the tests')"
     ap.add_argument("--quick", action="store_true", help=quick)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp:
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick:
             args.run, args.rounds, args.steps, args.skip = str(work / "search"), 2, 12, 3
             short = ["--set", "search.verdict_pairs=3", "--set", "search.scaling_baseline=false"]
-            search = ["-m", "orchestrator.search", "--preset", "smoke", "--out", args.run, *short]
+            search = ["-m", "orchestrator.search", "--preset", "smoke", "--trials", "2",
+                      "--out", args.run, *short]  # fmt: skip
             subprocess.run([sys.executable, *search], cwd=ROOT, check=True, capture_output=True)
         if not args.run:
             ap.error("name a search's run folder (or --quick)")

@@ -125,11 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", metavar="DIR",
                     help="keep each run's folder under DIR (for benchmarks.delivered)")
     ap.add_argument("--quick", action="store_true",
-                    help="one clean smoke search, 3 trials (what the tests run)")  # fmt: skip
+                    help="one clean smoke search: 2 trials, a race of 3 pairs, no 1-worker "
+                         "baseline (what the tests run)")  # fmt: skip
     args = ap.parse_args(argv)
     extra = [x for kv in args.set for x in ("--set", kv)]
     if args.quick:
-        args.clean, args.hogged, extra = 1, 0, ["--preset", "smoke", "--trials", "3", *extra]
+        short = ["--set", "search.verdict_pairs=3", "--set", "search.scaling_baseline=false"]
+        args.clean, args.hogged = 1, 0
+        extra = ["--preset", "smoke", "--trials", "2", *short, *extra]
     plan = [None] * args.clean + [args.hog_s] * args.hogged
     with tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp:
         where = Path(args.keep or tmp)
