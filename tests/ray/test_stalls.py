@@ -26,11 +26,11 @@ TRIAL_TIMEOUT_S = 60
 the driver's bound is what ends a frozen configuration here."""
 
 
-def _search(out: Path, *sets: str) -> Command:
-    """The smoke search with the given ``--set`` values on top of short bounds."""
+def _search(out: Path, *sets: str, trials: int = 3) -> Command:
+    """The smoke search of ``trials`` with the given ``--set`` values on top of short bounds."""
     base = [f"search.start_timeout_s={PATIENT_START_S}", f"search.heartbeat_s={HEARTBEAT_S}",
             f"search.trial_timeout_s={TRIAL_TIMEOUT_S}", "search.prune=false"]  # fmt: skip
-    args = ["--preset", "smoke", "--out", str(out), "--trials", "3"]
+    args = ["--preset", "smoke", "--out", str(out), "--trials", str(trials)]
     for value in [*base, *sets]:
         args += ["--set", value]
     return Command("orchestrator.search", args)
@@ -49,63 +49,51 @@ def _rows(out: Path) -> dict[int, dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_a_worker_frozen_while_its_group_starts_is_a_hang_in_phase_start(tmp_path: Path) -> None:
-    """Trial 0's group started (the search has seen a start): trial 1's frozen start is a hang
-    at a multiple of it, well before search.start_timeout_s (300 s, the default), and the
-    whole search ends in well under 400 s (522 s when the full default bound was waited)."""
+def test_a_frozen_measurement_then_a_frozen_start_are_hangs_in_their_phases(
+    tmp_path: Path,
+) -> None:
+    """One search, two freezes (a search each cost a cold start of its own). Trial 1 runs warm
+    on trial 0's workers: one of them frozen mid-measurement is a hang in phase measure within
+    search.trial_timeout_s, and its group is ended. Trial 2 goes on in a fresh group: a worker
+    frozen while that group starts is a hang in phase start at a multiple of the starts seen,
+    well before search.start_timeout_s (300 s, the default; 522 s when the full bound was
+    waited). Trial 3 completes, and no worker survives."""
     out = tmp_path / "stall"
-    started = time.monotonic()
-    search = _search(out, "search.warm=false", "search.remeasure_top=0",
-                     "search.scaling_baseline=false", "search.trial_timeout_s=600")  # fmt: skip
-    try:
-        _baseline_completed(search)  # its workers are all up: a new one is trial 1's
-        frozen, stopped_at = search.freeze_new_worker(search.workers())
-        seen_at, line = search.first("trial   1     HANG", timeout_s=PATIENT_START_S + 60)
-        rc = search.proc.wait(timeout=400)
-    finally:
-        search.kill()
-    took_s, total_s = seen_at - stopped_at, time.monotonic() - started
-    report("while its group starts", took_s, line)
-    assert rc == 0, search.text()
-    bound = re.search(r"within (\d+)s \(4x the slowest group start seen", line)
-    assert "phase start" in line and bound, line
-    bound_s = float(bound.group(1))
-    assert bound_s < PATIENT_START_S and took_s < bound_s + 15, search.text()
-    assert total_s < 400, f"the search took {total_s:.0f} s"
-    assert "trial 1: starting 2 workers" in search.text()  # a heartbeat, though not a terminal
-    rows = _rows(out)
-    assert rows[1]["state"] == "hang" and rows[1]["phase"] == "start"
-    assert rows[2]["state"] == "complete"
-    waited_s = bound_s - 0.5  # the line prints the bound in whole seconds (74.6 s shows as 75s)
-    assert float(rows[1]["trial_wall_s"]) >= waited_s
-    assert float(rows[1]["start_s"]) >= waited_s  # its wait is not hidden
-    assert not search.survivors(), "no worker survives the search"
-
-
-@pytest.mark.slow
-def test_b_a_worker_frozen_mid_measurement_is_a_hang_in_phase_measure(tmp_path: Path) -> None:
-    out = tmp_path / "stall"
-    search = _search(out, "search.remeasure_top=0", "search.scaling_baseline=false")
+    search = _search(out, "search.remeasure_top=0", "search.scaling_baseline=false", trials=4)
     try:  # warm evaluation: trial 1 runs on trial 0's workers, dispatched as 0 ends
         after = _baseline_completed(search)
         frozen, stopped_at = search.freeze(min(search.workers()))
         seen_at, line = search.first("trial   1     HANG", TRIAL_TIMEOUT_S + 60, after)
+        report("mid-measurement", seen_at - stopped_at, line)
+        assert "phase measure" in line and f"trial_timeout_s={TRIAL_TIMEOUT_S}" in line, line
+        assert seen_at - stopped_at < TRIAL_TIMEOUT_S + 15, search.text()
+        # trial 2's group is a new one: its first worker is frozen as it appears
+        _, stopped_at = search.freeze_new_worker(search.workers() | {frozen})
+        seen_at, line = search.first("trial   2     HANG", PATIENT_START_S + 60, seen_at)
         rc = search.proc.wait(timeout=400)
     finally:
         search.kill()
-    report("mid-measurement", seen_at - stopped_at, line)
+    took_s = seen_at - stopped_at
+    report("while its group starts", took_s, line)
     assert rc == 0, search.text()
-    assert "phase measure" in line and f"trial_timeout_s={TRIAL_TIMEOUT_S}" in line
-    assert seen_at - stopped_at < TRIAL_TIMEOUT_S + 15, search.text()
-    assert "trial 1: window" in search.text()  # the heartbeat while it waited
+    assert "trial 1: window" in search.text()  # the heartbeats while each waited
+    assert "trial 2: starting 2 workers" in search.text()
+    bound = re.search(r"within (\d+)s \(4x the slowest group start seen", line)
+    assert "phase start" in line and bound, line
+    bound_s = float(bound.group(1))
+    assert bound_s < PATIENT_START_S and took_s < bound_s + 15, search.text()
     rows = _rows(out)
     assert (rows[1]["state"], rows[1]["phase"]) == ("hang", "measure")
-    assert rows[2]["state"] == "complete", "re-queued on fresh workers, it ran"
+    assert (rows[2]["state"], rows[2]["phase"]) == ("hang", "start")
+    assert rows[3]["state"] == "complete", "the search goes on in a fresh group"
+    waited_s = bound_s - 0.5  # the line prints the bound in whole seconds (74.6 s shows as 75s)
+    assert float(rows[2]["trial_wall_s"]) >= waited_s
+    assert float(rows[2]["start_s"]) >= waited_s  # its wait is not hidden
     assert not search.survivors(), "no worker survives the search"
 
 
 @pytest.mark.slow
-def test_c_frozen_scaling_and_remeasure_groups_are_ended(tmp_path: Path) -> None:
+def test_b_frozen_scaling_and_remeasure_groups_are_ended(tmp_path: Path) -> None:
     """A frozen 1-worker scaling group is a hang and is killed before the verdict's race
     starts (not left until the search ends); a worker frozen in the race is a hang too: its
     group is ended and the race goes on in a fresh one, the pairs so far kept."""
@@ -148,7 +136,7 @@ def _gone_by(command: Command, pid: int, text: str) -> bool:
 
 
 @pytest.mark.slow
-def test_d_a_worker_frozen_in_training_ends_the_run_with_phase_step(tmp_path: Path) -> None:
+def test_c_a_worker_frozen_in_training_ends_the_run_with_phase_step(tmp_path: Path) -> None:
     stall_s = 30
     train = Command("orchestrator.train", [
         "--preset", "smoke", "--steps", "400", "--workers", "1:2", "--out", str(tmp_path / "run"),
