@@ -14,7 +14,10 @@ from typing import Any
 import optuna
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--preset", "smoke", "--set", "search.remeasure_top=0", "--set", "strategy=ddp"]
+FAST = ["--preset", "smoke", "--set", "search.remeasure_top=0", "--set", "strategy=ddp",
+        "--set", "search.scaling_baseline=false"]
+"""The smoke search without its verdict's race or its 1-worker baseline (a cold group start
+each, the most of a smoke search's time): for tests of the trials themselves."""
 
 
 def cli(args: list[str], **kw) -> subprocess.CompletedProcess:

@@ -73,9 +73,8 @@ def resumed(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     pg.create_database("studies")
     url = pg.url("studies")
     a, b = tmp_path_factory.mktemp("machine_a"), tmp_path_factory.mktemp("machine_b")
-    # 2 trials, no 1-worker scaling baseline: the least search that is killed and resumed
+    # 2 trials (FAST: no 1-worker scaling baseline): the least search killed and resumed
     args = [*FAST, "--trials", "2", "--set", "search.prune=false", "--storage", url]
-    args += ["--set", "search.scaling_baseline=false"]
     args += ["--set", "search.measure_steps=30"]  # a trial takes seconds: the kill lands in one
     first = kill_during_second_trial([*args, "--out", str(a / "run")], url)
     proc = cli([*args, "--out", str(b / "run"), "--resume"])

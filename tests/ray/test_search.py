@@ -81,13 +81,14 @@ def test_tune_search_workers_see_their_trials_nccl_variables(
     # Pruning off: what is under test is the variables, and a noisy window may prune a trial.
     sets = ("search.sampler=random", "search.prune=false")
     ctx = _context(["nccl"], "nccl", tmp_path, sets=sets)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler("random", 0, 3))
+    # the baseline and one sampled configuration: two groups (each a cold start)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("random", 0, 2))
     study.enqueue_trial(ctx.space.optuna_params(ctx.space.baseline()))
-    build_tuner(ctx, study, Proposer(ctx.space, "random", 3), 3, tmp_path).fit()
+    build_tuner(ctx, study, Proposer(ctx.space, "random", 2), 2, tmp_path).fit()
     recs = records(study)
-    assert [r.state for r in recs] == [m.COMPLETE] * 3, [(r.state, r.reason) for r in recs]
+    assert [r.state for r in recs] == [m.COMPLETE] * 2, [(r.state, r.reason) for r in recs]
     assert recs[0].attrs.get("env", {}) == {}, "trial 0 is the untouched baseline"
-    assert any(r.attrs["env"] for r in recs[1:]), "random sampling set no variable at all"
+    assert recs[1].attrs["env"], "random sampling set no variable at all"
     for rec in recs:
         expected = ctx.space.env_vars(rec.params)
         assert rec.attrs.get("env", {}) == expected
