@@ -28,6 +28,14 @@ STAGE_LIMIT_BYTES = 256 * 2**20
 IGNORED = ("runs", ".git", "__pycache__", "*.egg-info", ".ruff_cache", ".pytest_cache", ".whl")
 
 
+def _ignored(directory: str, names: list[str]) -> set[str]:
+    """IGNORED's patterns, and every virtual environment (a folder holding ``pyvenv.cfg``,
+    whatever its name): a project's ``.venv`` is gigabytes that the cluster has its own of,
+    and copying it made every submission wait half a minute."""
+    skipped = set(shutil.ignore_patterns(*IGNORED)(directory, names))
+    return skipped | {n for n in names if (Path(directory, n) / "pyvenv.cfg").is_file()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Input:
     """One local path the config names, and where its copy goes."""
@@ -117,12 +125,12 @@ def stage(config: Config, working_dir: Path, into: Path) -> Path:
             f" MiB; {biggest.source} is the largest); put it on storage the cluster mounts and "
             "pass --no-upload with absolute paths",
         )
-    shutil.copytree(working_dir, into, ignore=shutil.ignore_patterns(*IGNORED), symlinks=True)
+    shutil.copytree(working_dir, into, ignore=_ignored, symlinks=True)
     for item in inputs:
         target = into / item.staged
         target.parent.mkdir(parents=True, exist_ok=True)
         if item.source.is_dir():
-            shutil.copytree(item.source, target, ignore=shutil.ignore_patterns(*IGNORED))
+            shutil.copytree(item.source, target, ignore=_ignored)
         else:
             shutil.copy2(item.source, target)
     relative = Path(INPUTS) / CONFIG_NAME

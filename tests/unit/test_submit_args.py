@@ -45,6 +45,22 @@ def test_job_arguments_pass_through_and_get_a_cluster_folder(tmp_path: Path) -> 
     assert (staging / "code.py").is_file() and not (staging / "runs").exists()
 
 
+def test_a_virtual_environment_in_the_project_stays_behind(tmp_path: Path) -> None:
+    """A project's virtual environment (any name: it holds pyvenv.cfg) is not staged: CI's
+    .ci-venv (2 GB) made each submission copy it first."""
+    root = small_project(tmp_path)
+    for name in (".venv", "env-3.11"):
+        (root / name / "lib").mkdir(parents=True)
+        (root / name / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (root / name / "lib" / "big.so").write_bytes(b"0" * 1024)
+    (root / "data" / "lib").mkdir(parents=True)  # an ordinary folder goes
+    args = cli.parse_args(["search", "--preset", "smoke"])
+    args.working_dir = str(root)
+    jobs.job_command(args, "job-1", tmp_path / "staged")
+    staged = {p.name for p in (tmp_path / "staged").iterdir()}
+    assert {"code.py", "data"} <= staged and not {".venv", "env-3.11"} & staged, staged
+
+
 def test_job_arguments_are_checked_before_submitting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="search.trials"):
         job(tmp_path, "search", "--preset", "smoke", "--set", "search.trails=3")
