@@ -17,7 +17,7 @@ from _stalls import Command, report
 
 START_TIMEOUT_S, HEARTBEAT_S = 120, 5
 """Generous enough for trial 0's worker group to start on a loaded 2-core machine (20 s and
-60 s were not, beside other users' tests); the frozen scaling group of (c) overruns it, or the
+60 s were not, beside other users' tests); the frozen scaling group of (b) overruns it, or the
 bound adapted to the starts seen before it, whichever is shorter."""
 PATIENT_START_S = 300
 """The start bound where the start is not what is tested."""
