@@ -1,7 +1,8 @@
 """A user's own workload (a file in a folder outside the project, not a Hugging Face model)
 searched through the CLI with DDP and FSDP2, a crash inside its loss ending its trials only,
 then trained from best.yaml and resumed exactly; and a model whose steps leave parameters
-unused (examples/moe_workload.py) searched and trained the same way."""
+unused (examples/moe_workload.py) searched the same way (its exact restarts are
+tests/dist/test_snapshots.py's)."""
 
 from __future__ import annotations
 
@@ -118,11 +119,10 @@ def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["searched", "moe_searched"])
-def test_training_the_users_workload_resumes_exactly(
-    which: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    out, _ = request.getfixturevalue(which)
+def test_training_the_users_workload_resumes_exactly(searched, tmp_path: Path) -> None:
+    """The mixture of experts' exact restarts are tests/dist/test_snapshots' (DDP, fewer ranks):
+    three more cold training runs here cost CI three minutes."""
+    out, _ = searched
     base = ["--config", str(out / "best.yaml"), "--checkpoint-every", "2",
             "--set", "train.log_every=1"]  # fmt: skip
     whole = run("orchestrator.train", *base, "--steps", "4", "--out", str(tmp_path / "whole"))
