@@ -49,6 +49,7 @@ def _rows(out: Path) -> dict[int, dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two bounds waited in one search: 500 s on a slow 2-core machine
 def test_a_frozen_measurement_then_a_frozen_start_are_hangs_in_their_phases(
     tmp_path: Path,
 ) -> None:
