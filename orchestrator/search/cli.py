@@ -18,6 +18,7 @@ from orchestrator.config import Config, ConfigError, load_config, merged
 from orchestrator.inputs import check_out_dir
 from orchestrator.plans import absolute_paths, check_model
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
+from orchestrator.search import ctrl_c
 from orchestrator.search.context import space_for
 from orchestrator.search.ranged import check_sizes_can_run
 from orchestrator.session import check_ray_address
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.monotonic()
+    ctrl_c.install()
     try:
         from orchestrator.search.pipeline import run_search
         from orchestrator.search.ranged import run_range

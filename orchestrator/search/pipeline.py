@@ -15,7 +15,7 @@ from orchestrator.config import Config, ConfigError, SearchConfig
 from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
-from orchestrator.search import evidence, study
+from orchestrator.search import ctrl_c, evidence, study
 from orchestrator.search.context import context_for, space_of, spaces_error
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, noise_margin, remeasure
@@ -194,6 +194,7 @@ def _tune(
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+        ctrl_c.check()  # a Ctrl-C that Tune or Ray swallowed
     except KeyboardInterrupt:
         closed = study.close_interrupted(the_study, INTERRUPTED_WHY)
         if closed:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ray.tune import Callback
 
+from orchestrator.search import ctrl_c
 from orchestrator.search.trial import OUTCOME, TRIAL_NUMBER
 from train_fns import metrics as m
 
@@ -49,6 +50,7 @@ class ProgressPrinter(Callback):
         self.notices, self.looked = notices, 0.0
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        ctrl_c.check()  # Tune's loop, where a swallowed Ctrl-C is raised again
         # Tune steps many times a second; a heartbeat is due every few seconds at most.
         if time.monotonic() - self.looked >= NOTICE_POLL_S:
             self._notices()
