@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import MutableMapping
 from typing import Any
 
 from orchestrator.address import check_reachable
@@ -51,19 +50,6 @@ def _key_and_fix(config: Config, key: str) -> tuple[str, str]:
     return ("RAY_ADDRESS" if not config.cluster.address else key), fix
 
 
-LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
-"""What a local Ray's processes inherit unless the user set it. Ray Train starts a preemption
-watcher (a process polling for spot-node drain notices) with every worker group; one machine has
-no node to lose, and on 2 cores that process cost each group 4-7 s of its start (smoke
-``orchestrator.train``: 52-57 s with it, 45-52 s without, measured side by side)."""
-
-
-def local_env_defaults(environ: MutableMapping[str, str]) -> None:
-    """Set ``LOCAL_ENV`` in ``environ`` where the user has not (theirs stands)."""
-    for name, value in LOCAL_ENV.items():
-        environ.setdefault(name, value)
-
-
 def start_ray(config: Config, verbose: bool) -> None:
     """Join ``cluster.address`` or start a local Ray sized for one trial.
 
@@ -94,7 +80,6 @@ def start_ray(config: Config, verbose: bool) -> None:
             raise ConfigError(key, message) from e
         return
     needed = math.ceil(cpus_needed(cluster))
-    local_env_defaults(os.environ)  # before Ray starts: its processes inherit the environment
     # "local": a Ray of our own, even where `ray start --head` (or another program's Ray) left
     # its address in /tmp/ray, which a bare ray.init() would join and then refuse num_cpus for.
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)

@@ -45,10 +45,9 @@ def kill_during_second_trial(args: list[str], storage: str) -> float:
 
 def interrupt_during_second_trial(
     args: list[str], storage: str, log: Path
-) -> tuple[int, list[int], Path]:
+) -> tuple[int, list[int]]:
     """Start a search (its stderr to ``log``) and press Ctrl-C (SIGINT to its process group)
-    once trial 1 runs: (exit code, the pids of its Ray session alive 10 s after it ended, that
-    session's folder)."""
+    once trial 1 runs: (exit code, the pids of its Ray session alive 10 s after it ended)."""
     with log.open("w") as err:
         proc, _ = _start_until_second_trial(args, storage, err)
         os.killpg(proc.pid, signal.SIGINT)
@@ -56,7 +55,7 @@ def interrupt_during_second_trial(
     time.sleep(10)
     sessions = glob.glob(f"/tmp/ray/session_*_{proc.pid}")  # the session this driver started
     assert len(sessions) == 1, sessions
-    return proc.returncode, _ray_session_pids(os.path.basename(sessions[0])), Path(sessions[0])
+    return proc.returncode, _ray_session_pids(os.path.basename(sessions[0]))
 
 
 def _start_until_second_trial(

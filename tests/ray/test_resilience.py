@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -77,17 +76,10 @@ def test_ctrl_c_leaves_no_open_trial_in_the_study(tmp_path: Path) -> None:
     args = [*FAST, "--out", str(out), "--trials", "3", "--set", "search.prune=false"]
     args += ["--set", "search.measure_steps=30"]  # the SIGINT lands in trial 1
     storage = f"sqlite:///{out / 'study.db'}"
-    rc, left, session = interrupt_during_second_trial(args, storage, tmp_path / "stderr.txt")
+    rc, left = interrupt_during_second_trial(args, storage, tmp_path / "stderr.txt")
     err = (tmp_path / "stderr.txt").read_text()
-    assert "commtune: Ctrl-C: ending the search" in err, err[-3000:]  # it reached the driver
     assert rc == 1 and "interrupted; resume with --resume" in err, err[-3000:]
     assert not left, "no process of its Ray session survives Ctrl-C"
-    actors = {
-        name
-        for log in (session / "logs").glob("worker-*.out")
-        for name in re.findall(r":actor_name:(\w+)", log.read_text(errors="replace"))
-    }
-    assert "TrainController" in actors and "PreemptionWatcher" not in actors, actors  # one node
     study = optuna.load_study(study_name="smoke", storage=storage)
     states = [t.state for t in study.trials]
     assert states[0] == optuna.trial.TrialState.COMPLETE
