@@ -23,8 +23,6 @@ QUICK = {
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SLOW = {
-    "cold_start": (r"pair 1: watcher on [0-9.]+ s, \d+ CPU-s \| off [0-9.]+ s, \d+ CPU-s\n"
-                   r"off / on: wall-clock [0-9.]+x, busy CPU [0-9.]+x \(median of 1 pairs"),
     "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
     "record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
                     r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),

@@ -78,6 +78,7 @@ def test_ctrl_c_leaves_no_open_trial_in_the_study(tmp_path: Path) -> None:
     storage = f"sqlite:///{out / 'study.db'}"
     rc, left = interrupt_during_second_trial(args, storage, tmp_path / "stderr.txt")
     err = (tmp_path / "stderr.txt").read_text()
+    assert "commtune: Ctrl-C: ending the search" in err, err[-3000:]  # it reached the driver
     assert rc == 1 and "interrupted; resume with --resume" in err, err[-3000:]
     assert not left, "no process of its Ray session survives Ctrl-C"
     study = optuna.load_study(study_name="smoke", storage=storage)
