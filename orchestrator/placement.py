@@ -38,18 +38,42 @@ TRIAL_CPU = 0.01
 the trainer's workers waiting forever for resources on a small machine."""
 
 
+def held_here() -> dict[str, float]:
+    """The CPUs this process holds, by node: a Tune trial's sliver where Ray put it (on a worker
+    node when the head has no CPU for it: its group must leave that node's last CPU alone, or
+    a worker pinned there waits forever); a driver holds none."""
+    import ray
+
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:
+        return {}
+    return {context.get_node_id(): context.get_assigned_resources().get("CPU", 0.0)}
+
+
 def trial_resources(nodes: Iterable[dict[str, Any]]) -> dict[str, float]:
     """The Tune trial's own resources (its worker group asks for the rest): on the head, where
-    the head has the CPU for it (a head started with --num-cpus=0 has not: then anywhere)."""
+    the head has the CPU for it (a head started with --num-cpus=0 has not: then anywhere, and
+    its group leaves the CPU it took alone, ``held_here``)."""
     head = next((n for n in nodes if HEAD_RESOURCE in n.get("Resources", {})), {})
     on_head = head.get("Resources", {}).get("CPU", 0) >= TRIAL_CPU
     return {"cpu": TRIAL_CPU} | ({HEAD_RESOURCE: 0.001} if on_head else {})
 
 
-def workers_fitting(node: dict[str, Any], cpus_per_worker: float, use_gpu: bool) -> int:
-    """How many trial workers one node (an entry of ``ray.nodes()``) can hold."""
+def workers_fitting(
+    node: dict[str, Any],
+    cpus_per_worker: float,
+    use_gpu: bool,
+    held: dict[str, float] | None = None,
+) -> int:
+    """How many trial workers one node (an entry of ``ray.nodes()``) can hold, less the CPUs
+    ``held`` there by the process placing them (``held_here``); without ``held``, less the
+    trial's sliver on the head, where a trial is held when the head has a CPU."""
     have = node.get("Resources", {})
-    cpus = have.get("CPU", 0) - (TRIAL_CPU if HEAD_RESOURCE in have else 0)  # the trial's sliver
+    if held is None:
+        taken = TRIAL_CPU if HEAD_RESOURCE in have else 0.0
+    else:
+        taken = held.get(node["NodeID"], 0.0)
+    cpus = have.get("CPU", 0) - taken
     fit = int(cpus // cpus_per_worker) if cpus_per_worker > 0 else 1 << 30
     if use_gpu:
         fit = min(fit, int(have.get("GPU", 0)))
@@ -160,11 +184,13 @@ def layout_for(
     cpus_per_worker: float,
     use_gpu: bool,
     mode: str,
+    held: dict[str, float] | None = None,
 ) -> Layout:
     """The strict placement of a group of ``world`` workers on the alive ``nodes`` (entries of
-    ``ray.nodes()``), restricted to ``only`` when given (concurrency)."""
+    ``ray.nodes()``), restricted to ``only`` when given (concurrency), around the CPUs the
+    placing process ``held`` (``workers_fitting``)."""
     fits = [
-        (n["NodeID"], workers_fitting(n, cpus_per_worker, use_gpu))
+        (n["NodeID"], workers_fitting(n, cpus_per_worker, use_gpu, held))
         for n in nodes
         if n.get("Alive") and (only is None or n["NodeID"] in only)
     ]

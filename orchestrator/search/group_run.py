@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.placement import PlacementError, layout_for, placement_label
+from orchestrator.placement import PlacementError, held_here, layout_for, placement_label
 from orchestrator.reclaim import group_need
 from orchestrator.search.outcome import (
     classify_failure,
@@ -256,7 +256,7 @@ class GroupRun:
 
         plan, cluster = self.plans[0], self.ctx.config.cluster
         layout = layout_for(ray.nodes(), self.nodes, plan.world_size, cluster.cpus_per_worker,
-                            plan.use_gpu, cluster.placement)  # fmt: skip
+                            plan.use_gpu, cluster.placement, held_here())  # fmt: skip
         return GroupSpec(
             loop=train_loop_per_worker,
             loop_config={"inbox": self.inbox, "reports": reports},

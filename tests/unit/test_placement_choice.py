@@ -148,3 +148,24 @@ def test_the_head_holds_the_trials_sliver_so_its_last_cpu_is_not_a_workers() -> 
     assert HEAD_RESOURCE not in trial_resources(cpuless), "a 0-CPU head cannot hold it"
     one_node = [{"NodeID": "h", "Alive": True, "Resources": {"CPU": 3.0, HEAD_RESOURCE: 1.0}}]
     assert layout_for(one_node, None, 2, 1.0, False, "pack").strategy == "STRICT_PACK"
+
+
+def test_a_trial_on_a_worker_node_leaves_that_nodes_last_cpu_alone() -> None:
+    """A head with no CPU (``ray start --head --num-cpus=0``) cannot hold the trial's sliver, so
+    Ray puts it on a worker node: the group's workers go around it. Counted as whole, that
+    node got a pinned worker that waited 300 s for a CPU it could not have (the local twin,
+    three 1-CPU nodes: two of three trials hung in phase start)."""
+    from orchestrator.placement import HEAD_RESOURCE
+
+    head = {"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0, HEAD_RESOURCE: 1.0}}
+    nodes = [head, ray_node("a", 1), ray_node("b", 1), ray_node("c", 1)]
+    around = layout_for(nodes, None, 2, 1.0, False, "pack", held={"a": 0.01})
+    assert sorted(around.pinned) == ["b", "c"]
+    assert sorted(layout_for(nodes, None, 2, 1.0, False, "pack").pinned) == ["a", "b"]
+    with pytest.raises(PlacementError, match="2 ranks do not fit: the nodes hold 1"):
+        layout_for(nodes[:3], None, 2, 1.0, False, "pack", held={"a": 0.01})
+    # a driver holds nothing: its head is counted whole, where a trial's sliver would take one
+    two_cpus = {"NodeID": "head", "Alive": True, "Resources": {"CPU": 2.0, HEAD_RESOURCE: 1.0}}
+    assert layout_for([two_cpus], None, 2, 1.0, False, "pack", held={}).strategy == "STRICT_PACK"
+    with pytest.raises(PlacementError, match="the nodes hold 1"):
+        layout_for([two_cpus], None, 2, 1.0, False, "pack", held={"head": 0.01})
