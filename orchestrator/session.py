@@ -78,11 +78,31 @@ def start_ray(config: Config, verbose: bool) -> None:
             first = (str(e).strip().splitlines() or ["no Ray cluster"])[0]
             message = f"cannot join a Ray cluster at {address} ({first}); {fix}"
             raise ConfigError(key, message) from e
+        hold_coordinator_here()
         return
     needed = math.ceil(cpus_needed(cluster))
     # "local": a Ray of our own, even where `ray start --head` (or another program's Ray) left
     # its address in /tmp/ray, which a bare ray.init() would join and then refuse num_cpus for.
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+
+
+def hold_coordinator_here() -> None:
+    """Create Ray's autoscaling coordinator from the driver, so that it lives on the driver's node.
+
+    Ray Train sizes every (re)start of a group through this detached actor, which Ray creates
+    held to the node of whatever process asks first, for good. A search trial on a worker node
+    (a head with no CPU to hold it) created it there; once that node was lost, no group could
+    ask it again: an elastic run on the local twin that lost it never restarted (its controller
+    retried for minutes). The driver's node is one whose loss ends the run anyway. A coordinator
+    an earlier program left on another node is kept (it may serve other jobs). Best effort: a
+    Ray without it sizes groups its own way."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:
+        return
+    get_or_create_autoscaling_coordinator()
 
 
 def resolve_gpu(config: Config) -> bool:
