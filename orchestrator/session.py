@@ -89,20 +89,22 @@ def start_ray(config: Config, verbose: bool) -> None:
 def hold_coordinator_here() -> None:
     """Create Ray's autoscaling coordinator from the driver, so that it lives on the driver's node.
 
-    Ray Train sizes every (re)start of a group through this detached actor, which Ray creates
-    held to the node of whatever process asks first, for good. A search trial on a worker node
-    (a head with no CPU to hold it) created it there; once that node was lost, no group could
-    ask it again: an elastic run on the local twin that lost it never restarted (its controller
-    retried for minutes). The driver's node is one whose loss ends the run anyway. A coordinator
-    an earlier program left on another node is kept (it may serve other jobs). Best effort: a
-    Ray without it sizes groups its own way."""
+    Ray Train's elastic policy sizes every restart of a group through this detached actor,
+    which Ray creates with a hard affinity to the node of whatever process asks first, and each
+    Train controller keeps its handle. A search trial on a worker node (a head with no CPU to
+    hold it) created it there; once that node was lost, the restart's requests failed until the
+    run ended (the local twin's controller retried for five minutes). The driver's node is one
+    whose loss ends the run anyway. A coordinator an earlier program left on another node is
+    kept (it may serve other jobs). Best effort: where it cannot be made, Ray Train makes its
+    own when it needs one, as before."""
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
         )
-    except ImportError:
-        return
-    get_or_create_autoscaling_coordinator()
+
+        get_or_create_autoscaling_coordinator()
+    except Exception as e:  # a Ray without it, or one that refuses it: Ray Train's own way
+        print(f"commtune: Ray's autoscaling coordinator left to Ray Train ({e})", flush=True)
 
 
 def resolve_gpu(config: Config) -> bool:
