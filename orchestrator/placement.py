@@ -38,16 +38,16 @@ TRIAL_CPU = 0.01
 the trainer's workers waiting forever for resources on a small machine."""
 
 
-def held_here() -> dict[str, float]:
+def held_here() -> dict[str, float] | None:
     """The CPUs this process holds, by node: a Tune trial's sliver where Ray put it (on a worker
     node when the head has no CPU for it: its group must leave that node's last CPU alone, or
-    a worker pinned there waits forever); empty in a driver, whose groups (the race, the
-    scaling baseline) then keep ``workers_fitting``'s default, the trials' accounting."""
+    a worker pinned there waits forever). None in a driver, whose groups (the race, the scaling
+    baseline) keep ``workers_fitting``'s default: the trials' accounting."""
     import ray
 
     context = ray.get_runtime_context()
     if context.worker.mode != ray.WORKER_MODE:
-        return {}
+        return None
     return {context.get_node_id(): context.get_assigned_resources().get("CPU", 0.0)}
 
 

@@ -256,7 +256,7 @@ class GroupRun:
 
         plan, cluster = self.plans[0], self.ctx.config.cluster
         layout = layout_for(ray.nodes(), self.nodes, plan.world_size, cluster.cpus_per_worker,
-                            plan.use_gpu, cluster.placement, held_here() or None)  # fmt: skip
+                            plan.use_gpu, cluster.placement, held_here())  # fmt: skip
         return GroupSpec(
             loop=train_loop_per_worker,
             loop_config={"inbox": self.inbox, "reports": reports},
