@@ -164,7 +164,7 @@ def test_a_trial_on_a_worker_node_leaves_that_nodes_last_cpu_alone() -> None:
     assert sorted(layout_for(nodes, None, 2, 1.0, False, "pack").pinned) == ["a", "b"]
     with pytest.raises(PlacementError, match="2 ranks do not fit: the nodes hold 1"):
         layout_for(nodes[:3], None, 2, 1.0, False, "pack", held={"a": 0.01})
-    # a driver holds nothing: its head is counted whole, where a trial's sliver would take one
+    # a map counts only what it names: an empty one counts the head whole, the sliver on it not
     two_cpus = {"NodeID": "head", "Alive": True, "Resources": {"CPU": 2.0, HEAD_RESOURCE: 1.0}}
     assert layout_for([two_cpus], None, 2, 1.0, False, "pack", held={}).strategy == "STRICT_PACK"
     with pytest.raises(PlacementError, match="the nodes hold 1"):
