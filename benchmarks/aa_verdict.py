@@ -102,7 +102,7 @@ class Repeated(Race):
             else:
                 yield from self.rounds()
             paired = twin.paired
-            decision = decide(paired.low, paired.high, self.delta)
+            decision = decide(paired.low, paired.high, self.delta, paired.bound)
             measured = len(set(twin.windows) & set(twin.baseline))  # disturbed ones too
             if measured < self.max_pairs and decision == "undecided":
                 decision = "ended early"

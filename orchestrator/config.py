@@ -146,10 +146,12 @@ class SearchConfig:
     from its configuration's other runs) again, up to this many times."""
     verdict_delta: float = 0.02
     """The noise threshold δ: a finalist is kept when its ratio to the baseline is above 1 + δ
-    with 95% confidence, and "no gain worth having" when below it."""
+    with 95% confidence, and "no gain worth having" when its one-sided 90% upper bound is below
+    it (``paired.FUTILITY_CONFIDENCE``)."""
     verdict_pairs: int = 10
-    """Window pairing: the most baseline/finalist window pairs a finalist gets before the
-    verdict says "too noisy to decide" (it stops as soon as it decides)."""
+    """Window pairing: baseline/finalist window pairs per finalist, shared by the race (a
+    finalist decided early leaves its unused pairs to the others), before the verdict says
+    "too noisy to decide" (it stops as soon as it decides)."""
     world_sizes: list[int] = field(default_factory=list)
     """Tune each size (``--workers MIN:MAX``), an entry per size in best.yaml; []: one size."""
     scaling_baseline: bool = True

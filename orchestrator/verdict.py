@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator.paired import (
+    FUTILITY_CONFIDENCE,
     MIN_PAIRS,
     PairedRatio,
     ratios_from_rows,
@@ -42,6 +43,8 @@ paired window ratio on these machines scatters by 1-3% (the A/A benchmark's figu
 threshold below that would need tens of pairs to decide anything."""
 SIGNIFICANCE = 2.0
 """Group pairing: the interval's half width is this many spreads."""
+FUTILITY_SPREADS = statistics.NormalDist().inv_cdf(FUTILITY_CONFIDENCE)
+"""Group pairing: the futility bound is this many spreads above the ratio (one-sided)."""
 KEEP, NO_GAIN, SLOWER, UNDECIDED = "keep", "no gain", "slower", "undecided"
 WINDOW, GROUP = "window", "group"
 PAIRINGS = {
@@ -65,15 +68,16 @@ HELPS = (
 )
 
 
-def decide(low: float, high: float, delta: float) -> str:
+def decide(low: float, high: float, delta: float, bound: float | None = None) -> str:
     """What an interval of the ratio to the baseline decides against the threshold ``delta``:
-    ``keep`` wholly above 1 + δ, ``slower`` wholly below 1 - δ, ``no gain`` (worth having)
-    wholly below 1 + δ otherwise, ``undecided`` while it still reaches above 1 + δ."""
+    ``keep`` wholly above 1 + δ, ``slower`` wholly below 1 - δ, ``no gain`` (worth having) when
+    the one-sided futility bound ``bound`` (``paired.FUTILITY_CONFIDENCE``; the interval's
+    upper end where none is given) is below 1 + δ, ``undecided`` otherwise."""
     if low > 1 + delta:
         return KEEP
     if high < 1 - delta:
         return SLOWER
-    if high <= 1 + delta:
+    if (high if bound is None else bound) <= 1 + delta:
         return NO_GAIN
     return UNDECIDED
 
@@ -127,10 +131,13 @@ class Comparison:
     """Group pairing: a run was measured again because of disturbance."""
     disturbed: int = 0
     """Window pairing: pairs left out as disturbed (``paired.PairedRatio.disturbed``)."""
+    bound: float | None = None
+    """The one-sided futility bound (``paired.FUTILITY_CONFIDENCE``) that decides "no gain";
+    None: the interval's upper end."""
 
     @property
     def decision(self) -> str:
-        return decide(self.low, self.high, self.delta)
+        return decide(self.low, self.high, self.delta, self.bound)
 
     def evidence(self) -> str:
         """Ratio, interval and what it rests on, for the final line, best.yaml and the report."""
@@ -148,12 +155,19 @@ class Comparison:
     def line(self) -> str:
         said = {
             KEEP: f"a gain above 1 + δ = {1 + self.delta:.2f}",
-            NO_GAIN: f"no gain worth having (below 1 + δ = {1 + self.delta:.2f})",
+            NO_GAIN: f"no gain worth having ({self.bound_said()} below 1 + δ = "
+            f"{1 + self.delta:.2f})",
             SLOWER: f"slower (below 1 - δ = {1 - self.delta:.2f})",
             UNDECIDED: f"undecided (the interval reaches both sides of 1 + δ = "
             f"{1 + self.delta:.2f})",
         }[self.decision]
         return f"trial {self.number} = {self.evidence()}: {said}"
+
+    def bound_said(self) -> str:
+        """The bound "no gain" rests on, in words."""
+        if self.bound is None:
+            return "the interval"
+        return f"its {FUTILITY_CONFIDENCE:.0%} upper bound {self.bound:.2f}"
 
 
 @dataclass(frozen=True)
@@ -212,7 +226,8 @@ class Verdict:
             )
         return (
             f"no gain worth having: the best finalist, trial {top.number}, is {top.evidence()}, "
-            f"below 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} keeps the baseline"
+            f"{top.bound_said()} below 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} "
+            "keeps the baseline"
         )
 
 
@@ -280,14 +295,14 @@ def judge(runs: list[Run], windows: int = 1, delta: float = DELTA) -> Verdict:
         cvals = [ms.samples_per_s for ms in clean[i]]
         ratio = statistics.median(c / b for c in cvals for b in bvals)
         config_noise = statistics.median(ms.cv for ms in clean[i]) / math.sqrt(windows)
-        half = SIGNIFICANCE * ratio * math.sqrt(
-            config_noise**2 / len(cvals) + base_spread**2 / len(bvals)
-        )
+        spread = ratio * math.sqrt(config_noise**2 / len(cvals) + base_spread**2 / len(bvals))
+        half = SIGNIFICANCE * spread
         comps.append(
             Comparison(
                 run.number, ratio, ratio - half, ratio + half, len(cvals) * len(bvals), GROUP,
                 statistics.median(cvals), statistics.median(bvals), delta,
                 repeated=any(runs[j].repeats for j in (i, *near)),
+                bound=ratio + FUTILITY_SPREADS * spread,
             )
         )  # fmt: skip
     shown = [
@@ -315,9 +330,11 @@ def window_comparison(
     gone = set(paired.disturbed)
     kept = [b for k, b in enumerate(baseline) if k not in gone] or baseline
     base = math.exp(statistics.fmean(math.log(b) for b in kept))
-    low, high = (paired.low, paired.high) if paired.pairs >= MIN_PAIRS else (0.0, math.inf)
+    decides = paired.pairs >= MIN_PAIRS
+    low, high = (paired.low, paired.high) if decides else (0.0, math.inf)
     return Comparison(number, paired.ratio, low, high, paired.pairs, WINDOW,
-                      base * paired.ratio, base, delta, disturbed=len(gone))  # fmt: skip
+                      base * paired.ratio, base, delta, disturbed=len(gone),
+                      bound=paired.bound if decides else math.inf)  # fmt: skip
 
 
 def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) -> Verdict:

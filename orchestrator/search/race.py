@@ -7,8 +7,11 @@ own, in alternating order (``paired.pair_order``), each after ``SWITCH_STEPS`` u
 (the first step after another model ran re-touches this one's weights and buffers). After each
 pair its interval is updated (``paired.PairedRatio``); a finalist leaves the race once decided
 against (its interval below 1 + δ, or wholly below the leader's), and the race ends after the
-round in which a finalist's interval lies wholly above 1 + δ, when none is left, or when each
-has had ``search.verdict_pairs`` pairs (then the verdict is "too noisy", with the figures).
+round in which a finalist's interval lies wholly above 1 + δ, when none is left, or when the
+race's pairs are spent: ``search.verdict_pairs`` per finalist, shared, so that a finalist decided
+early leaves its unused pairs to the others (then the verdict is "too noisy", with the figures).
+"No gain" is decided on a one-sided bound (``paired.FUTILITY_CONFIDENCE``), a keep on the 95%
+interval's lower end.
 
 The group is a ``GroupRun`` whose source is this race: it asks for the next window only after
 the last one's outcome, so every decision sees every window so far.
@@ -124,7 +127,8 @@ class Race:
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
             f"{self.steps} steps each, B c then c B), until decided at δ {self.delta * 100:g}% "
-            f"(at most {self.max_pairs} pairs each)"
+            f"(at most {self.budget} pairs in all, {self.max_pairs} per finalist: those one "
+            "decided early leaves go to the others)"
         )
         for attempt in range(GROUPS):
             self.slots, self.broken, self.finished, self.attempt = [], None, False, attempt
@@ -189,20 +193,31 @@ class Race:
         return [e for e in self.entrants if e.out is None]
 
     def _over(self, pair: int) -> bool:
-        """After a round: a finalist is kept, or every one left has had its pairs."""
+        """After a round: a finalist is kept, or the next round would overdraw the pairs."""
         alive = self._alive()
         if any(self._decision(e) == KEEP for e in alive) and pair >= MIN_PAIRS:
             return True
         if self.deadline is not None and time.time() > self.deadline:
             self.say("race: time budget spent: no further round")
             return True
-        return pair >= self.max_pairs
+        return self.spent() + len(alive) > self.budget
+
+    @property
+    def budget(self) -> int:
+        """Pairs the whole race may measure: ``search.verdict_pairs`` per finalist, so that
+        those a finalist decided early leaves unused go to the ones still undecided."""
+        return self.max_pairs * len(self.entrants)
+
+    def spent(self) -> int:
+        """Pairs measured so far, every finalist's (those still to be measured again after a
+        group ended are not counted)."""
+        return sum(len(set(e.windows) & set(e.baseline)) for e in self.entrants)
 
     def _decision(self, entrant: Entrant) -> str:
         paired = entrant.paired
         if paired.pairs < MIN_PAIRS:
             return UNDECIDED
-        return decide(paired.low, paired.high, self.delta)
+        return decide(paired.low, paired.high, self.delta, paired.bound)
 
     def _judge_round(self) -> None:
         """After a round: out go the finalists decided against, and those whose interval lies

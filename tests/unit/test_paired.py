@@ -25,6 +25,8 @@ def test_t_quantiles_from_the_table_and_beyond() -> None:
     assert t_quantile(1000) == pytest.approx(1.962, abs=0.002)
     with pytest.raises(ValueError):
         t_quantile(0)
+    assert t_quantile(2, 0.90) == pytest.approx(1.886)  # the futility bound's one-sided 90%
+    assert t_quantile(1000, 0.90) == pytest.approx(1.2824, abs=0.002)
 
 
 def test_a_paired_ratio_is_the_geometric_mean_with_a_t_interval() -> None:
@@ -42,6 +44,23 @@ def test_decisions_against_delta() -> None:
     assert decide(1.01, 1.10, 0.02) == UNDECIDED
     assert decide(0.99, 1.015, 0.02) == NO_GAIN
     assert decide(0.90, 0.97, 0.02) == SLOWER
+    # "no gain" on the one-sided futility bound where there is one; a keep still on the interval
+    assert decide(0.97, 1.05, 0.02, bound=1.018) == NO_GAIN
+    assert decide(0.97, 1.05, 0.02, bound=1.03) == UNDECIDED
+    assert decide(1.03, 1.10, 0.02, bound=1.01) == KEEP
+
+
+def test_the_futility_bound_is_one_sided_ninety_percent_inside_the_interval() -> None:
+    paired = PairedRatio((1.00, 1.04, 0.99, 1.01))
+    logs = [math.log(r) for r in paired.ratios]
+    mean = sum(logs) / 4
+    sd = (sum((x - mean) ** 2 for x in logs) / 3) ** 0.5
+    assert paired.bound == pytest.approx(paired.ratio * math.exp(1.638 * sd / 2))
+    assert paired.ratio < paired.bound < paired.high
+    # the 95% interval reaches above 1.04, the 90% bound does not: no gain at δ 4%
+    assert paired.high > 1.04 > paired.bound
+    assert decide(paired.low, paired.high, 0.04, paired.bound) == NO_GAIN
+    assert PairedRatio((1.1,)).bound == math.inf
 
 
 def test_pairs_alternate_their_order() -> None:
@@ -75,6 +94,23 @@ def test_window_rows_read_back_into_a_verdict_that_says_how_it_paired() -> None:
     assert line.startswith("keep trial 7: 1.10x baseline (interval 1.0")
     assert "from 4 window pairs" in line and "δ 2%" in line
     assert "paired windows in the same processes" in line
+
+
+def test_a_no_gain_verdict_names_the_bound_it_rests_on() -> None:
+    rows = []
+    for k, (base, mine) in enumerate([(100.0, 100.0), (100.0, 104.0), (100.0, 99.0),
+                                      (100.0, 101.0)]):  # fmt: skip
+        rows += [_row(2 * k, 0, "baseline", base, k, 7), _row(2 * k + 1, 7, "finalist", mine,
+                 k, 7)]  # fmt: skip
+    for row in rows:
+        row["delta"] = "0.04"
+    verdict = verdict_from_rows(rows)
+    (comp,) = verdict.comparisons
+    assert comp.high > 1.04 > comp.bound and comp.decision == NO_GAIN
+    line = verdict.line()
+    assert line.startswith("no gain worth having: the best finalist, trial 7")
+    assert f"its 90% upper bound {comp.bound:.2f} below 1 + δ = 1.04" in line
+    assert "its 90% upper bound" in comp.line()
 
 
 class _Driven:
@@ -145,6 +181,28 @@ def test_no_gain_ends_the_race_and_the_budget_ends_an_undecided_one() -> None:
     noisy.run()
     (entrant,) = noisy.race.entrants
     assert entrant.paired.pairs == 5 and entrant.out is None
+
+
+def test_a_finalist_decided_early_leaves_its_pairs_to_the_undecided() -> None:
+    """Two finalists, six pairs each, twelve in all: trial 5 (the baseline's speed, steady) is
+    "no gain" within its six, trial 6 (a noisy 2%) takes all the pairs left and no more."""
+    driven = _Driven({5: 1.0, 6: 1.02}, noise=0.0, max_pairs=6)
+    driven.race.entrants[1].floor = 0.0
+    noisy = random.Random(1)
+    original = driven.speed
+
+    class Speeds(dict):
+        def __getitem__(self, number: int) -> float:
+            jitter = 1 + noisy.gauss(0, 0.08) if number == 6 else 1.0
+            return original[number] * jitter
+
+    driven.speed = Speeds(original)
+    driven.run()
+    by = {e.record.number: e for e in driven.race.entrants}
+    early = by[5].paired.pairs
+    assert by[5].out.startswith("no gain") and early < 6
+    assert by[6].out is None and by[6].paired.pairs == 12 - early > 6
+    assert driven.race.spent() == driven.race.budget == 12
 
 
 def test_a_failed_baseline_window_ends_the_race_and_a_failed_finalist_leaves_it() -> None:
