@@ -34,7 +34,8 @@ and misses a gain. Sequential designs stop for futility on a weaker bound for th
 ``benchmarks/futility.py`` (12 pairs, δ 4%, a pair's log ratio scattering by 8% as on a loaded
 2-core machine): the baseline's twin decided "no gain" in 74% of races (43% on the 95%
 interval's upper end), a 2% gain in 46% (17%), a 6% gain wrongly so in 7% (1%), a 10% gain
-never; keeps unchanged. At 4% scatter: 99% (90%) and 74% (41%)."""
+never; false keeps cannot rise (a race that stops for futility keeps nothing). At 4% scatter:
+99% (90%) and 74% (41%)."""
 _T_TABLES = {
     0.975: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
             2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),
@@ -46,12 +47,12 @@ degrees of freedom."""
 
 
 def t_quantile(df: int, level: float = 0.975) -> float:
-    """Student's t ``level`` quantile (0.975 or 0.90) for ``df`` degrees of freedom (a table to
-    20, then the normal quantile with its first Cornish-Fisher correction: within 0.1% from
-    there on)."""
+    """Student's t ``level`` quantile for ``df`` degrees of freedom (for 0.975 and 0.90 a table
+    to 20, then, and for any other level at once, the normal quantile with its first
+    Cornish-Fisher correction: within 0.1% from 20 on)."""
     if df < 1:
         raise ValueError(f"df={df}: a t quantile needs at least one degree of freedom")
-    table = _T_TABLES[level]
+    table = _T_TABLES.get(level, ())
     if df <= len(table):
         return table[df - 1]
     z = statistics.NormalDist().inv_cdf(level)

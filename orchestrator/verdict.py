@@ -16,9 +16,11 @@ claim compares each finalist with baseline measurements right beside it, paired 
 
 Either way the decision is one rule (``decide``) against the noise threshold δ
 (``search.verdict_delta``): keep a finalist whose interval lies wholly above 1 + δ (the one with
-the highest lower end), no gain worth having where every interval lies below 1 + δ, and "too
-noisy to decide", with the figures, where one still reaches above it. The search, the report
-and the doctor all read the verdict from remeasure.csv (``verdict_from_rows``): one verdict.
+the highest lower end), no gain worth having where every finalist's one-sided futility bound
+(``paired.FUTILITY_CONFIDENCE``) lies below 1 + δ, and "too noisy to decide", with the figures,
+where one is still undecided (its bound above 1 + δ, its interval reaching below it). The
+search, the report and the doctor all read the verdict from remeasure.csv
+(``verdict_from_rows``): one verdict.
 """
 
 from __future__ import annotations
@@ -156,18 +158,19 @@ class Comparison:
         said = {
             KEEP: f"a gain above 1 + δ = {1 + self.delta:.2f}",
             NO_GAIN: f"no gain worth having ({self.bound_said()} below 1 + δ = "
-            f"{1 + self.delta:.2f})",
+            f"{1 + self.delta:.3f})",
             SLOWER: f"slower (below 1 - δ = {1 - self.delta:.2f})",
-            UNDECIDED: f"undecided (the interval reaches both sides of 1 + δ = "
-            f"{1 + self.delta:.2f})",
+            UNDECIDED: f"undecided ({self.bound_said(undecided=True)} above 1 + δ = "
+            f"{1 + self.delta:.3f}, its interval reaching below it)",
         }[self.decision]
         return f"trial {self.number} = {self.evidence()}: {said}"
 
-    def bound_said(self) -> str:
-        """The bound "no gain" rests on, in words."""
+    def bound_said(self, undecided: bool = False) -> str:
+        """The bound "no gain" rests on, in words (three decimals: a bound of 1.0399 must not
+        read as 1 + δ = 1.04 itself)."""
         if self.bound is None:
-            return "the interval"
-        return f"its {FUTILITY_CONFIDENCE:.0%} upper bound {self.bound:.2f}"
+            return "its interval's upper end" if undecided else "the interval"
+        return f"its {FUTILITY_CONFIDENCE:.0%} upper bound {self.bound:.3f}"
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,8 @@ class Verdict:
         if not self.comparisons:
             return f"no finalist could be compared with a clean baseline measurement ({noise})"
         top = self.comparisons[0]
-        if self.too_noisy:
+        if self.too_noisy:  # named: the undecided one with the highest lower end
+            top = next(c for c in self.comparisons if c.decision == UNDECIDED)
             return (
                 f"too noisy to decide: trial {top.number} is {top.evidence()}, an interval that "
                 f"reaches both sides of 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} "
@@ -226,7 +230,7 @@ class Verdict:
             )
         return (
             f"no gain worth having: the best finalist, trial {top.number}, is {top.evidence()}, "
-            f"{top.bound_said()} below 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} "
+            f"{top.bound_said()} below 1 + δ = {1 + self.delta:.3f} ({noise}); {BEST_YAML} "
             "keeps the baseline"
         )
 

@@ -8,6 +8,7 @@ import warnings
 
 from matplotlib.ticker import MaxNLocator
 
+from orchestrator.paired import FUTILITY_CONFIDENCE
 from orchestrator.report.html import (
     FAILED_STATES,
     bar_chart,
@@ -126,8 +127,10 @@ def _from_remeasure(record: RunRecord) -> str:
     return (
         f"<p><b>Verdict</b>: {esc(verdict.line())}</p>"
         f"<p>Measured beside the baseline ({esc(verdict.pairing)}); noise threshold δ "
-        f"{verdict.delta * 100:g}%: a finalist is kept when its whole interval lies above "
-        f"{1 + verdict.delta:.2f}. Each finalist's ratio and interval:</p>"
+        f"{verdict.delta * 100:g}%: a finalist is kept when its whole 95% interval lies above "
+        f"{1 + verdict.delta:.2f}, and has no gain worth having when its one-sided "
+        f"{FUTILITY_CONFIDENCE:.0%} upper bound lies below it. Each finalist's ratio and "
+        "interval:</p>"
         f"<ul>{listed}{again}</ul>" + bar_chart(shown)
     )
 

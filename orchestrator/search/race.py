@@ -6,12 +6,12 @@ round, each finalist still in the race gets one pair: a baseline window and a wi
 own, in alternating order (``paired.pair_order``), each after ``SWITCH_STEPS`` unmeasured steps
 (the first step after another model ran re-touches this one's weights and buffers). After each
 pair its interval is updated (``paired.PairedRatio``); a finalist leaves the race once decided
-against (its interval below 1 + δ, or wholly below the leader's), and the race ends after the
+against (no gain: its one-sided ``paired.FUTILITY_CONFIDENCE`` bound below 1 + δ; slower: its
+interval below 1 - δ; or its interval wholly below the leader's), and the race ends after the
 round in which a finalist's interval lies wholly above 1 + δ, when none is left, or when the
 race's pairs are spent: ``search.verdict_pairs`` per finalist, shared, so that a finalist decided
 early leaves its unused pairs to the others (then the verdict is "too noisy", with the figures).
-"No gain" is decided on a one-sided bound (``paired.FUTILITY_CONFIDENCE``), a keep on the 95%
-interval's lower end.
+A keep is decided on the 95% interval's lower end.
 
 The group is a ``GroupRun`` whose source is this race: it asks for the next window only after
 the last one's outcome, so every decision sees every window so far.
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order
+from orchestrator.paired import FUTILITY_CONFIDENCE, MIN_PAIRS, PairedRatio, pair_order
 from orchestrator.search.group_run import GroupRun
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
@@ -40,8 +40,8 @@ SWITCH_STEPS = 1
 steps that began with it paired by 9-11% against 7-8% for the three after it (2026-12-03)."""
 WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
-follows, and the correctness guard's warm-up (``search.warmup_steps``, float64 figures) was
-taken in the search already; the race does not judge it again."""
+follows, and the correctness guard judged these configurations in the search already (its
+figures are still taken on this step, not judged again)."""
 GROUPS = 3
 """Worker groups a race may use: a hang or crash ends one, and the race goes on in another."""
 FAILURES = 2
@@ -200,14 +200,16 @@ class Race:
         return [e for e in self.entrants if e.out is None]
 
     def _over(self, pair: int) -> bool:
-        """After a round: a finalist is kept, or the next round would overdraw the pairs."""
+        """After a round: a finalist is kept, or round ``pair`` would overdraw the pairs (a
+        finalist whose pair of it is in already, measured before its group ended, owes none)."""
         alive = self._alive()
         if any(self._decision(e) == KEEP for e in alive) and pair >= MIN_PAIRS:
             return True
         if self.deadline is not None and time.time() > self.deadline:
             self.say("race: time budget spent: no further round")
             return True
-        return self.spent() + len(alive) > self.budget
+        owed = sum(1 for e in alive if not (pair in e.windows and pair in e.baseline))
+        return self.spent() + owed > self.budget
 
     @property
     def budget(self) -> int:
@@ -234,6 +236,7 @@ class Race:
             decision = self._decision(entrant)
             if decision not in (KEEP, UNDECIDED):
                 entrant.out = f"{decision} (decided after {entrant.paired.pairs} pairs)"
+                self.say(f"race: trial {entrant.record.number} leaves the race: {entrant.out}")
         leader = max(alive, key=lambda e: e.paired.low, default=None)
         for entrant in self._alive():
             if leader is not None and entrant is not leader and entrant.paired.pairs >= \
@@ -278,7 +281,8 @@ class Race:
         paired = entrant.paired
         mine, base = entrant.windows[pair], entrant.baseline[pair]
         so_far = (
-            f"{paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f})"
+            f"{paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f}, "
+            f"{FUTILITY_CONFIDENCE:.0%} upper bound {paired.bound:.3f})"
             if paired.pairs >= 2
             else "an interval needs two"
         )

@@ -109,7 +109,7 @@ def test_a_no_gain_verdict_names_the_bound_it_rests_on() -> None:
     assert comp.high > 1.04 > comp.bound and comp.decision == NO_GAIN
     line = verdict.line()
     assert line.startswith("no gain worth having: the best finalist, trial 7")
-    assert f"its 90% upper bound {comp.bound:.2f} below 1 + δ = 1.04" in line
+    assert f"its 90% upper bound {comp.bound:.3f} below 1 + δ = 1.040" in line
     assert "its 90% upper bound" in comp.line()
 
 
@@ -187,7 +187,6 @@ def test_a_finalist_decided_early_leaves_its_pairs_to_the_undecided() -> None:
     """Two finalists, six pairs each, twelve in all: trial 5 (the baseline's speed, steady) is
     "no gain" within its six, trial 6 (a noisy 2%) takes all the pairs left and no more."""
     driven = _Driven({5: 1.0, 6: 1.02}, noise=0.0, max_pairs=6)
-    driven.race.entrants[1].floor = 0.0
     noisy = random.Random(1)
     original = driven.speed
 
@@ -215,49 +214,64 @@ def test_a_failed_baseline_window_ends_the_race_and_a_failed_finalist_leaves_it(
     assert by[6].out.startswith("a window did not complete") and by[5].paired.pairs == 3
 
 
+def _raced(
+    hangs: set[tuple[int, int, int]], finalists: dict[int, float] | None = None,
+    max_pairs: int = 10,
+) -> tuple[_Driven, list[list[str]]]:  # fmt: skip
+    """A race through ``Race.run`` whose worker groups are this test: the window of (group,
+    trial, pair) in ``hangs`` hangs, ending its group; the others complete at their speed."""
+    driven = _Driven(finalists or {5: 1.10, 6: 1.08}, max_pairs=max_pairs)
+    groups: list[list[str]] = []
+
+    class Group:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            groups.append([])
+
+        def run(self, source, take, label):  # noqa: ANN001, ANN202
+            for index, (plan, _env) in enumerate(source):
+                slot = driven.race.slots[index]
+                groups[-1].append(plan.resident)
+                key = (len(groups), slot.who.record.number, slot.pair)
+                if key in hangs:
+                    take(index, {m.STATE: m.HANG, m.REASON: "hang in phase measure"})
+                    return [None]
+                speed = driven.speed[slot.who.record.number]
+                value = 100.0 * speed * (1 + driven.rng.gauss(0, 0.01))
+                take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+            return []
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(race_mod, "GroupRun", Group)
+    mp.setattr(race_mod, "derive_plan", lambda ctx, params: (driven.race.base.plan, {}))
+    try:
+        driven.race.run()
+    finally:
+        mp.undo()
+    return driven, groups
+
+
 def test_a_hang_ends_the_group_and_the_race_goes_on_in_a_fresh_one() -> None:
     """The baseline's window of pair 2 hangs once: the group is ended, a fresh one builds and
     warms up both again, and the race carries on from pair 2 with the pairs so far kept. A
     finalist that hangs in both groups is out; the baseline hanging twice ends the race."""
-
-    def raced(hangs: set[tuple[int, int, int]]) -> tuple[_Driven, list[list[str]]]:
-        driven = _Driven({5: 1.10, 6: 1.08})
-        groups: list[list[str]] = []
-
-        class Group:
-            def __init__(self, *args: object, **kwargs: object) -> None:
-                groups.append([])
-
-            def run(self, source, take, label):  # noqa: ANN001, ANN202
-                for index, (plan, _env) in enumerate(source):
-                    slot = driven.race.slots[index]
-                    groups[-1].append(plan.resident)
-                    key = (len(groups), slot.who.record.number, slot.pair)
-                    if key in hangs:
-                        take(index, {m.STATE: m.HANG, m.REASON: "hang in phase measure"})
-                        return [None]
-                    take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: 100.0 * driven.speed[
-                        slot.who.record.number] * (1 + driven.rng.gauss(0, 0.01))})
-                return []
-
-        mp = pytest.MonkeyPatch()
-        mp.setattr(race_mod, "GroupRun", Group)
-        mp.setattr(race_mod, "derive_plan", lambda ctx, params: (driven.race.base.plan, {}))
-        try:
-            driven.race.run()
-        finally:
-            mp.undo()
-        return driven, groups
-
-    once, groups = raced({(1, 0, 1)})
+    once, groups = _raced({(1, 0, 1)})
     assert len(groups) == 2 and groups[1][:3] == ["baseline", "trial5", "trial6"]
     assert once.race.ended is None
     assert all(e.paired.pairs >= 3 and e.out is None for e in once.race.entrants)
-    twice, _ = raced({(1, 6, 0), (2, 6, 0)})
+    twice, _ = _raced({(1, 6, 0), (2, 6, 0)})
     by = {e.record.number: e for e in twice.race.entrants}
     assert by[6].out.startswith("a window did not complete (hang") and by[5].paired.pairs >= 3
-    lost, _ = raced({(1, 0, 0), (2, 0, 0)})
+    lost, _ = _raced({(1, 0, 0), (2, 0, 0)})
     assert lost.race.ended.startswith("a baseline window did not complete (hang")
+
+
+def test_a_group_ending_in_the_last_round_leaves_no_finalist_short() -> None:
+    """Three pairs each, six in all; trial 6's window of the last pair hangs after trial 5's
+    pair is in: the fresh group measures trial 6's last pair (trial 5 owes none), not fewer."""
+    driven, groups = _raced({(1, 6, 2)}, {5: 1.05, 6: 1.05}, max_pairs=3)
+    assert len(groups) == 2 and driven.race.ended is None
+    assert [e.paired.pairs for e in driven.race.entrants] == [3, 3]
+    assert driven.race.spent() == driven.race.budget == 6
 
 
 def test_no_finalist_when_only_the_baseline_completed() -> None:

@@ -12,8 +12,10 @@ import pytest
 from orchestrator.search import finalists as fin
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict import (
+    Comparison,
     Measure,
     Run,
+    Verdict,
     disturbances,
     judge,
     runs_from_rows,
@@ -68,7 +70,25 @@ def test_no_gain_on_a_quiet_machine_is_no_gain_worth_having() -> None:
     runs = [Run(0, True, 100.0, 0.005), Run(3, False, 100.4, 0.005), Run(0, True, 100.2, 0.005)]
     verdict = judge(runs)
     assert not verdict.too_noisy and verdict.line().startswith("no gain worth having")
-    assert "below 1 + δ = 1.02" in verdict.line()
+    assert "below 1 + δ = 1.020" in verdict.line()
+
+
+def test_paired_runs_decide_no_gain_on_the_one_sided_bound() -> None:
+    """Group pairing: the bound is 1.28 spreads above the ratio where the interval's upper end
+    is 2: a ratio of 1.008 whose interval reaches 1.041 is no gain at δ 4% (bound 1.024)."""
+    runs = [Run(0, True, 100.0, 0.02), Run(3, False, 100.8, 0.02), Run(0, True, 100.0, 0.02)]
+    (comp,) = judge(runs, delta=0.04).comparisons
+    spread = (comp.high - comp.ratio) / 2
+    assert comp.bound == pytest.approx(comp.ratio + 1.2816 * spread, rel=1e-4)
+    assert comp.high > 1.04 > comp.bound and comp.decision == "no gain"
+
+
+def test_too_noisy_names_the_undecided_finalist_not_one_decided_no_gain() -> None:
+    decided = Comparison(5, 1.02, 0.99, 1.05, 6, "window", 102.0, 100.0, 0.04, bound=1.035)
+    undecided = Comparison(6, 1.02, 0.985, 1.055, 6, "window", 102.0, 100.0, 0.04, bound=1.045)
+    verdict = Verdict([decided, undecided], 0.05, [], 0.04)
+    assert decided.decision == "no gain" and undecided.decision == "undecided"
+    assert verdict.line().startswith("too noisy to decide: trial 6 is")
 
 
 def test_a_gain_inside_delta_is_not_kept_however_sure() -> None:
