@@ -37,7 +37,8 @@ SWITCH_STEPS = 1
 """Unmeasured steps before every window (each follows another configuration's window). Not
 0: on the 2-core machine the first step after a switch scattered twice as much as the others
 (an A/A pair of single first steps by 14-17%, of adjacent steps by 12%), and windows of three
-steps that began with it paired by 9-11% against 7-8% for the three after it (2026-12-03)."""
+steps that began with it paired by 9-11% against 7-8% for the three after it (2026-12-03,
+``benchmarks/step_noise.py``)."""
 WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
 follows, and the correctness guard judged these configurations in the search already (its

@@ -20,6 +20,7 @@ QUICK = {
     "gpu_check": (r"NOT the GPU check[\s\S]*\nfp32 ddp acc1 \(baseline again\) +ok +[0-9.e+-]+ "
                   r"[\s\S]*; imports: torch only, no Ray, no Optuna\n"),
     "workload_contract": r"smoke in one process: forward\+backward contract / before = [0-9.]+",
+    "step_noise": r"\nthe switch step alone \| [0-9.]+ \| [0-9.]+%\n?",
     "futility": r"\n8% \| 1\.00 \| new \| 0% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
