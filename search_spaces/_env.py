@@ -3,8 +3,9 @@
 Variables reach workers through Ray's ``worker_runtime_env``, so a name outside the
 allow-list (``LD_PRELOAD``, ``PYTHONPATH``, ...) would change what every worker process
 loads or runs rather than how it communicates. The allow-list keeps the tuner to
-communication settings, and the few value checks here catch the mistakes people make
-when tuning NCCL by hand (see the motivating write-up's ``NCCL_NCHANNELS``).
+communication (and memory-allocator) settings, and the few value checks here catch the
+mistakes people make when tuning NCCL by hand (see the motivating write-up's
+``NCCL_NCHANNELS``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ ENV_ALLOW_PREFIXES = (
     "RDMAV_",
     "TORCH_DISTRIBUTED_",
 )
-ENV_ALLOW_NAMES = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS"})
-"""Single names outside the prefixes: torch's allocator settings and the CUDA work-queue
-count (Megatron-style overlap tuning), neither of which loads code or touches files."""
+ENV_ALLOW_NAMES = frozenset(
+    {"PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "GLIBC_TUNABLES"}
+)
+"""Single names outside the prefixes: torch's allocator settings, the CUDA work-queue count
+(Megatron-style overlap tuning) and glibc's malloc tunables (checked to ``glibc.malloc.*``
+only, :data:`._env_table.MALLOC_TUNABLES`), none of which loads code or touches files."""
 DOOR_WORDS = {
     "PLUGIN": "names a shared library that NCCL loads into every worker",
     "LIB": "names a shared library that is loaded into every worker",
@@ -177,7 +181,7 @@ def _check_name(name: str) -> None:
             name,
             f"{name} is not an allowed variable: only names starting with "
             f"{', '.join(ENV_ALLOW_PREFIXES)} or {', '.join(sorted(ENV_ALLOW_NAMES))} may be set "
-            "(communication settings only)",
+            "(communication and memory-allocator settings only)",
         )
 
 

@@ -6,8 +6,9 @@ non-ASCII digit is read as nothing at all. Every value a config, a space or ``--
 gives is therefore checked against the kind NCCL (or torch) reads: ``int`` (ASCII digits
 in a range), ``flag`` (an int with a few meanings), ``enum`` (case-insensitive names),
 ``level`` (a topology distance by name or number), ``algo``/``proto`` (NCCL's list
-grammar, :mod:`._nccl`) and ``alloc`` (torch's allocator settings). Variables not in the
-table get only the generic checks of :func:`._env.check_env_var`.
+grammar, :mod:`._nccl`), ``alloc`` (torch's allocator settings) and ``tunables`` (glibc's
+malloc tunables). Variables not in the table get only the generic checks of
+:func:`._env.check_env_var`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ ALLOC_KEYS = (
     "pinned_use_cuda_host_register", "pinned_num_register_threads",
 )  # fmt: skip
 """Keys torch's CUDA caching allocator reads from PYTORCH_CUDA_ALLOC_CONF."""
+MALLOC_TUNABLES = (
+    "arena_max", "arena_test", "mmap_max", "mmap_threshold", "top_pad", "trim_threshold",
+    "tcache_count", "tcache_max", "tcache_unsorted_limit", "mxfast",
+)  # fmt: skip
+"""glibc's numeric malloc tunables (``glibc.malloc.NAME`` in GLIBC_TUNABLES, glibc >= 2.26).
+Only these: other tunables pick CPU code paths (``glibc.cpu.*``) or change how the dynamic
+loader works (``glibc.rtld.*``), which is not a memory setting."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ KINDS: dict[str, Kind] = {
     "CUDA_DEVICE_MAX_CONNECTIONS": _int(1, 32, "hardware work queues: 1..32"),
     "OFI_NCCL_PROTOCOL": _enum("SENDRECV", "RDMA"),
     "PYTORCH_CUDA_ALLOC_CONF": Kind("alloc"),
+    "GLIBC_TUNABLES": Kind("tunables"),
     "NCCL_SOCKET_IFNAME": Kind("ifnames", hint="nccl"),
     "GLOO_SOCKET_IFNAME": Kind("ifnames", hint="gloo"),
 }
@@ -101,6 +110,18 @@ def _check_alloc(text: str) -> str | None:
             return f"each item is KEY:VALUE with KEY one of {', '.join(ALLOC_KEYS)}"
         if not re.fullmatch(r"[A-Za-z0-9_.]+", value.strip()):
             return f"{key}'s value {value!r} must be a plain word or number"
+    return None
+
+
+def _check_tunables(text: str) -> str | None:
+    for item in text.split(":"):
+        name, sep, value = item.partition("=")
+        short = name.removeprefix("glibc.malloc.")
+        if short == name or short not in MALLOC_TUNABLES or not sep:
+            return (f"each item is glibc.malloc.NAME=VALUE (items joined by ':') with NAME one of "
+                    f"{', '.join(MALLOC_TUNABLES)}; {item!r} is not")  # fmt: skip
+        if not re.fullmatch(r"[0-9]{1,20}", value):
+            return f"{name}'s value {value!r} must be ASCII digits (bytes or a count)"
     return None
 
 
@@ -152,4 +173,6 @@ def problem(kind: Kind, text: str) -> str | None:
         return _check_level(text)
     if kind.kind == "ifnames":
         return _check_ifnames(text, kind.hint)
+    if kind.kind == "tunables":
+        return _check_tunables(text)
     return _check_alloc(text)

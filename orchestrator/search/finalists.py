@@ -109,9 +109,9 @@ def remeasure(
             print(f"race: ended early: {race.ended}", flush=True)
     grouped = [rec for rec in chosen if rec not in window]
     if grouped:
-        memory, nccl = "it would not fit in memory beside the others", "its NCCL variables"
+        memory = "it would not fit in memory beside the others"
         shown = ", ".join(
-            f"trial {r.number} ({memory if r in switchable else nccl + ' need fresh processes'})"
+            f"trial {r.number} ({memory if r in switchable else _env_change(ctx, env, r)})"
             for r in grouped
         )
         print(f"re-measuring in paired runs interleaved with the baseline: {shown}", flush=True)
@@ -119,6 +119,13 @@ def remeasure(
     write_rows(out / REMEASURE_CSV, rows)
     text = [{h: "" if row.get(h) is None else str(row.get(h, "")) for h in HEADER} for row in rows]
     return verdict_from_rows(text, ctx.config.search.verdict_delta)
+
+
+def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str:
+    """Why ``rec`` needs fresh processes: the variables it sets otherwise than the baseline."""
+    own = derive_plan(ctx, rec.params)[1]
+    names = sorted(k for k in {*env, *own} if env.get(k) != own.get(k))
+    return f"{', '.join(names)} need{'s' if len(names) == 1 else ''} fresh processes"
 
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
