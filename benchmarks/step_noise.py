@@ -53,7 +53,7 @@ ESTIMATORS: dict[str, Callable[[list[float]], float]] = {
 switch step' ones take as many steps as the 'after' ones, so every row costs the same."""
 
 
-def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+def run_rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     """One rank: build both configurations, warm them up, then visit them in turn."""
     from transformers import BertConfig, BertForMaskedLM
 
@@ -96,7 +96,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -145,7 +145,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "steps.txt")
-        mp.spawn(_rank, args=(args, _free_port(), out), nprocs=2)
+        mp.spawn(run_rank, args=(args, free_port(), out), nprocs=2)
         visits: dict[tuple[int, int], list[float]] = {}
         for line in Path(out).read_text().splitlines():
             r, k, seconds = line.split()

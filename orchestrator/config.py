@@ -115,8 +115,7 @@ class SearchConfig:
     """staged (memory shape, then communication knobs, then TPE), tpe, random or grid."""
     seed: int = 0
     spaces: list[str] = field(
-        default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl", "optimizer",
-                                 "host_memory"]  # fmt: skip
+        default_factory=lambda: ["strategy", "accumulation", "ddp", "fsdp", "nccl", "optimizer"]
     )
     warmup_steps: int = 3
     measure_steps: int = 12

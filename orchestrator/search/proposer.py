@@ -39,7 +39,6 @@ MEMORY_PARAMS = (
     "reshard_after_forward",
 )
 COMM_ORDER = (
-    "GLIBC_TUNABLES",
     "bucket_cap_mb",
     "static_graph",
     "gradient_as_bucket_view",
@@ -51,10 +50,8 @@ COMM_ORDER = (
     "NCCL_SOCKET_NTHREADS",
     "NCCL_NSOCKS_PERTHREAD",
 )
-"""Stage 2's knob order, most effect first: on CPU workers the host allocator (one trial, and
-1.31x on the 2-core demo: ``search_spaces/host_memory.yaml``); DDP bucketing decides how many
-messages there are and how much overlaps; then which NCCL algorithm and protocol carry them,
-and how wide."""
+"""Stage 2's knob order, most effect first: DDP bucketing decides how many messages there are
+and how much overlaps; then which NCCL algorithm and protocol carry them, and how wide."""
 STAGE1_SHARE = 0.4
 """Most of the budget stage 1 may take (baseline included)."""
 STAGE3_SHARE = 0.25

@@ -21,6 +21,8 @@ QUICK = {
                   r"[\s\S]*; imports: torch only, no Ray, no Optuna\n"),
     "workload_contract": r"smoke in one process: forward\+backward contract / before = [0-9.]+",
     "step_noise": r"\nthe switch step alone \| [0-9.]+ \| [0-9.]+%\n?",
+    "host_malloc": (r"\ntuned: mean step [0-9.]+ s, .* page faults .*\n"
+                    r"tuned vs defaults: [0-9.]+x faster \(95% interval [0-9.]+-[0-9.]+ over 2 "),
     "futility": r"\n8% \| 1\.00 \| new \| 0% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""

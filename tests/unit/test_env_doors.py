@@ -126,6 +126,33 @@ def test_values_by_kind() -> None:
         assert err.value.key == name and repr(value) in err.value.message
 
 
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("glibc.rtld.optional_static_tls=512", "glibc.malloc.NAME=VALUE"),  # not a malloc one
+        ("glibc.cpu.hwcaps=-AVX2", "glibc.malloc.NAME=VALUE"),  # picks CPU code paths
+        ("glibc.malloc.mmap_max=0;glibc.malloc.arena_max=1", "ASCII digits"),  # ';' not ':'
+        ("glibc.malloc.nosuch=1", "'glibc.malloc.nosuch=1' is not"),
+        ("mmap_max=0", "'mmap_max=0' is not"),  # the glibc.malloc. prefix is needed
+        ("glibc.malloc.mmap_max", "glibc.malloc.NAME=VALUE"),  # no value
+        ("glibc.malloc.mmap_max=-1", "ASCII digits"),
+        ("glibc.malloc.mmap_max=0:", "'' is not"),  # an empty item
+    ],
+)
+def test_glibc_tunables_take_malloc_numbers_only(value: str, fragment: str) -> None:
+    """GLIBC_TUNABLES is allowed for glibc's malloc settings (docs/search-spaces.md), nothing
+    else: other tunables pick code paths or change the loader."""
+    with pytest.raises(SpaceError) as err:
+        check_env_var("GLIBC_TUNABLES", value)
+    assert err.value.key == "GLIBC_TUNABLES" and fragment in err.value.message, err.value.message
+
+
+def test_glibc_tunables_the_benchmark_measures_pass() -> None:
+    tuned = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=100000000000"
+    assert env_strings({"GLIBC_TUNABLES": tuned}) == {"GLIBC_TUNABLES": tuned}
+    check_env_var("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+
+
 ALGO_OK = [
     "Ring", "ring", "RING,tree", "^tree", "^NVLS,nvlstree", "allreduce:tree", "AllReduce:Tree",
     "ring;allreduce:tree", "allreduce:tree;allgather:ring", "allreduce:^ring",

@@ -19,7 +19,7 @@ from train_fns import metrics as m
 from train_fns.plan import DDPOptions, FSDPOptions, InfeasiblePlan
 from train_fns.strategies import COMM_HOOKS
 
-SPACES = ["strategy", "accumulation", "ddp", "fsdp", "nccl", "optimizer", "host_memory"]
+SPACES = ["strategy", "accumulation", "ddp", "fsdp", "nccl", "optimizer"]
 
 
 def _offered(context: SearchContext) -> dict[str, set[Any]]:
