@@ -161,8 +161,11 @@ def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -
     assert by_size[1]["searched_samples_per_s"] == 40.0 and by_size[2]["steps"] > 0
     lost = result["restarts"][0]
     redone = lost["last_step"] - lost["resumed_from"]
-    # a snapshot every 5 steps (half the checkpoint interval) on the driver's node survives it
-    assert lost["source"] == "snapshot" and redone <= 5, lost["line"]
+    # a snapshot every 5 steps (half the checkpoint interval) on the driver's node survives it;
+    # a loss within 5 steps of a checkpoint resumes from it (the snapshot there is no newer)
+    assert redone <= 5, lost["line"]
+    from_checkpoint = lost["resumed_from"] % 10 == 0 and redone < 5
+    assert lost["source"] == "snapshot" or from_checkpoint, lost["line"]
     assert "recovered: " in output and result["snapshots"]["taken"] > 0, output[-3000:]
     print(
         f"node loss -> first step on 1 worker: {float(first_alone['wall_time']) - removed_at:.1f}s;"
