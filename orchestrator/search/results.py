@@ -267,6 +267,10 @@ def tuner_lines(out: Path) -> list[str]:
 
 
 def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str:
+    """The search's best against its baseline, said to be search figures: the default run's
+    search saw 1.18x where the verdict's paired windows saw 1.04x (the acc-1 baseline measured
+    alone, first, ran slower than beside the others), and a user reading both must know which
+    one decides."""
     counts: dict[str, int] = {}
     for r in recs:
         counts[r.state] = counts.get(r.state, 0) + 1
@@ -278,5 +282,6 @@ def summary_line(recs: list[TrialRecord], best: TrialRecord, base: TrialRecord |
         )
     return (
         f"best: trial {best.number} at {best.value:.2f} samples/s = {best.value / base.value:.2f}x "
-        f"baseline (trial {base.number}, {base.value:.2f} samples/s); {tally}"
+        f"baseline (trial {base.number}, {base.value:.2f} samples/s); {tally}; search figures: "
+        "each trial measured once, minutes apart (the verdict compares side by side)"
     )

@@ -108,7 +108,7 @@ def test_b_frozen_scaling_and_remeasure_groups_are_ended(tmp_path: Path) -> None
         report("in the 1-worker scaling group", seen_at - scaling_at, line)
         assert "hang in phase" in line, search.text()
         gone = _gone_by(search, scaling, "finalists: ")
-        after, _ = search.first("race pair 1: ", timeout_s=300)
+        after, _ = search.first("race round 1: ", timeout_s=300)
         frozen, stopped_at = search.freeze(min(search.workers()))
         seen_at, line = search.first(": hang: hang in phase measure", TRIAL_TIMEOUT_S + 60, after)
         search.first("going on in a fresh worker group", 60, after)

@@ -204,6 +204,37 @@ def test_a_finalist_decided_early_leaves_its_pairs_to_the_undecided() -> None:
     assert driven.race.spent() == driven.race.budget == 12
 
 
+def test_after_three_pairs_each_the_rounds_go_to_the_leader() -> None:
+    """Two near twins at the threshold: three pairs each, then one pair a round, for the
+    finalist with the highest lower end at that round; each finalist's own pairs alternate
+    B c, c B whichever rounds it had."""
+    driven = _Driven({5: 1.025, 6: 1.02}, noise=0.02, max_pairs=6)
+    driven.run()
+    race = driven.race
+    by_round: dict[int, list[race_mod.Slot]] = {}
+    for slot in race.slots:
+        if slot.pair is not None:
+            by_round.setdefault(slot.pair, []).append(slot)
+    assert all({s.against.record.number for s in by_round[p]} == {5, 6} for p in range(3))
+    later = [p for p in by_round if p >= 3]
+    assert later and all(len({s.against.record.number for s in by_round[p]}) == 1 for p in later)
+    assert race.spent() == race.budget == 12 or any(
+        decide(e.paired.low, e.paired.high, 0.02) == KEEP for e in race.entrants
+    )
+    for entrant in race.entrants:
+        mine = [s for s in race.slots if s.against is entrant]
+        firsts = [mine[k].who is race.base for k in range(0, len(mine), 2)]
+        assert firsts == [k % 2 == 0 for k in range(len(firsts))]
+    for p in later:  # the one due was the leader after the rounds before
+        before = [s for s in race.slots if s.pair is not None and s.pair < p]
+        lows = {}
+        for entrant in race.entrants:
+            keys = {s.pair for s in before if s.against is entrant}
+            ratios = tuple(entrant.windows[k] / entrant.baseline[k] for k in sorted(keys))
+            lows[entrant.record.number] = PairedRatio(ratios).low
+        assert by_round[p][0].against.record.number == max(lows, key=lows.get)
+
+
 def test_a_failed_baseline_window_ends_the_race_and_a_failed_finalist_leaves_it() -> None:
     lost = _Driven({5: 1.10}, fail=(0, 1))
     lost.run()

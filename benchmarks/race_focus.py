@@ -1,0 +1,120 @@
+"""Where the race's pairs go when several finalists race: to the leader once each has three
+(``Race._due``, the race's rule) or to every finalist still in, round after round (the rule it
+replaced), side by side on simulated windows.
+
+Each simulated race is the race's own code (``search.race.Race``: its rounds, its judging, its
+stopping) with two finalists and windows drawn here instead of measured: a window's speed is
+its configuration's true speed times a log-normal scatter, so that a pair's log ratio scatters
+by the given spread. The verdict is read from the race's remeasure.csv rows by
+``verdict.verdict_from_rows``, as a search reads it. What it prints per pair of true ratios:
+how often the verdict kept a finalist, said "no gain worth having", or stayed "too noisy", and
+the pairs it took. A keep where both ratios are at or below 1 + δ is a false keep.
+
+    python -m benchmarks.race_focus             # 1000 races per cell, a few minutes
+    python -m benchmarks.race_focus --quick     # 40 per cell, one spread: seconds
+    python -m benchmarks.race_focus --spread 0.07 --delta 0.04 --pairs 6
+
+The spreads are a pair's log-ratio standard deviation on the 2-core machine: 4% on a calm day,
+6-8% in the default runs' races (2026-12-04: 7.0% and 7.2% pair-to-pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+from types import SimpleNamespace
+
+from orchestrator.search.finalists import HEADER
+from orchestrator.search.race import Entrant, Race
+from orchestrator.search.results import TrialRecord
+from orchestrator.verdict import verdict_from_rows
+from train_fns import metrics as m
+from train_fns.plan import TrialPlan
+
+TRUTHS = ((1.00, 1.00), (1.04, 1.04), (1.06, 1.06), (1.08, 1.04), (1.08, 1.08), (1.12, 1.12))
+"""Two finalists' true ratios to the baseline: twins of it, both at a 4% δ, twin gains of
+6% (the default run's race saw 1.04-1.09), one gain and one at δ, twin gains of 8% and 12%."""
+PLAN = TrialPlan(model="bert-mini", task=None, seq_len=64, global_batch=32, world_size=2,
+                 accumulation_steps=1, micro_batch=16)  # fmt: skip
+"""Every entrant's plan (nothing is built: the windows are drawn)."""
+
+
+class Simulated(Race):
+    """The race, its windows drawn at the finalists' true speeds (the baseline's is 1)."""
+
+    def __init__(self, truths: tuple[float, ...], spread: float, delta: float, pairs: int,
+                 rng: random.Random) -> None:  # fmt: skip
+        search = SimpleNamespace(verdict_delta=delta, verdict_pairs=pairs, measure_steps=3,
+                                 windows=1)  # fmt: skip
+        base = TrialRecord(0, m.COMPLETE, "", {}, {m.SAMPLES_PER_S: 1.0})
+        finalists = [TrialRecord(k + 1, m.COMPLETE, "", {"k": k}, {}) for k in range(len(truths))]
+        ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+        super().__init__(ctx, base, finalists, say=lambda line: None, floor=spread)  # type: ignore[arg-type]
+        self.speed = {0: 1.0, **{k + 1: t for k, t in enumerate(truths)}}
+        self.window_spread, self.rng = spread / math.sqrt(2), rng
+
+    def _entrant(self, rec: TrialRecord, key: str) -> Entrant:
+        return Entrant(rec, dataclasses.replace(PLAN, resident=key))
+
+    def simulate(self) -> tuple[str, int]:
+        """Race to the end; the verdict (keep, no gain, too noisy) and the pairs it took."""
+        for index, _plan in enumerate(self._schedule()):
+            speed = self.speed[self.slots[index].who.record.number]
+            value = speed * math.exp(self.rng.gauss(0.0, self.window_spread))
+            self._take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+        rows = [{h: "" if r.get(h) is None else str(r.get(h, "")) for h in HEADER}
+                for r in self.rows]  # fmt: skip
+        verdict = verdict_from_rows(rows, self.delta)
+        said = "keep" if verdict.chosen else "too noisy" if verdict.too_noisy else "no gain"
+        return said, self.spent()
+
+
+class Split(Simulated):
+    """The rule it replaced: every finalist still in gets a pair every round."""
+
+    def _due(self) -> list[Entrant]:
+        return self._alive()
+
+
+def tally(rule: type[Simulated], truths: tuple[float, ...], spread: float, delta: float,
+          pairs: int, races: int, seed: int) -> tuple[dict[str, float], float]:  # fmt: skip
+    """The share of each verdict over ``races`` races, and the mean pairs taken."""
+    rng, counts, took = random.Random(seed), {}, 0
+    for _ in range(races):
+        said, spent = rule(truths, spread, delta, pairs, rng).simulate()
+        counts[said] = counts.get(said, 0) + 1
+        took += spent
+    return {k: v / races for k, v in counts.items()}, took / races
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 races per cell, one spread")
+    parser.add_argument("--spread", type=float, action="append",
+                        help="a pair's log-ratio spread (repeatable; default 0.04, 0.06, 0.08)")
+    parser.add_argument("--delta", type=float, default=0.04, help="δ (the cpu-demo's 4%%)")
+    parser.add_argument("--pairs", type=int, default=6, help="pairs per finalist, shared")
+    parser.add_argument("--races", type=int, default=1000)
+    args = parser.parse_args()
+    races = 40 if args.quick else args.races
+    spreads = args.spread or ([0.06] if args.quick else [0.04, 0.06, 0.08])
+    print(f"race focus: {races} simulated races per cell, two finalists, δ {args.delta:.0%}, "
+          f"{args.pairs} pairs per finalist shared ({2 * args.pairs} in all); pairs to the "
+          "leader after three each (leader) or to every finalist every round (split)")  # fmt: skip
+    print("spread | ratios | rule | keep | no gain | too noisy | mean pairs")
+    for spread in spreads:
+        for truths in TRUTHS:
+            for rule in (Simulated, Split):
+                seed = round(spread * 1e4) * 1000 + round(sum(truths) * 100)
+                shares, took = tally(rule, truths, spread, args.delta, args.pairs, races, seed)
+                print(f"{spread:.0%} | {truths[0]:.2f}, {truths[1]:.2f} | "
+                      f"{'leader' if rule is Simulated else 'split'} | "
+                      f"{shares.get('keep', 0):.0%} | {shares.get('no gain', 0):.0%} | "
+                      f"{shares.get('too noisy', 0):.0%} | {took:.1f}")  # fmt: skip
+    print(f"false keep: 'keep' where both ratios are at or below 1 + δ = {1 + args.delta:.2f}")
+
+
+if __name__ == "__main__":
+    main()
