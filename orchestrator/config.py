@@ -149,8 +149,9 @@ class SearchConfig:
     with 95% confidence, and "no gain worth having" when its one-sided 90% upper bound is below
     it (``paired.FUTILITY_CONFIDENCE``)."""
     verdict_pairs: int = 10
-    """Window pairing: baseline/finalist window pairs per finalist, shared by the race (a
-    finalist decided early leaves its unused pairs to the others), before the verdict says
+    """Window pairing: baseline/finalist window pairs per finalist, shared by the race (three
+    each, then the rounds go to the leader; a finalist decided early leaves its unused pairs to
+    the others), before the verdict says
     "too noisy to decide" (it stops as soon as it decides)."""
     world_sizes: list[int] = field(default_factory=list)
     """Tune each size (``--workers MIN:MAX``), an entry per size in best.yaml; []: one size."""

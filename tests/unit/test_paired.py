@@ -208,7 +208,7 @@ def test_after_three_pairs_each_the_rounds_go_to_the_leader() -> None:
     """Two near twins at the threshold: three pairs each, then one pair a round, for the
     finalist with the highest lower end at that round; each finalist's own pairs alternate
     B c, c B whichever rounds it had."""
-    driven = _Driven({5: 1.025, 6: 1.02}, noise=0.02, max_pairs=6)
+    driven = _Driven({5: 1.02, 6: 1.03}, noise=0.03, max_pairs=6)  # the lead changes hands
     driven.run()
     race = driven.race
     by_round: dict[int, list[race_mod.Slot]] = {}
@@ -218,6 +218,7 @@ def test_after_three_pairs_each_the_rounds_go_to_the_leader() -> None:
     assert all({s.against.record.number for s in by_round[p]} == {5, 6} for p in range(3))
     later = [p for p in by_round if p >= 3]
     assert later and all(len({s.against.record.number for s in by_round[p]}) == 1 for p in later)
+    assert len({by_round[p][0].against.record.number for p in later}) == 2  # both led
     assert race.spent() == race.budget == 12 or any(
         decide(e.paired.low, e.paired.high, 0.02) == KEEP for e in race.entrants
     )
