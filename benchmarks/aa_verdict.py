@@ -103,8 +103,7 @@ class Repeated(Race):
                 yield from self.rounds()
             paired = twin.paired
             decision = decide(paired.low, paired.high, self.delta, paired.bound)
-            measured = len(set(twin.windows) & set(twin.baseline))  # disturbed ones too
-            if measured < self.max_pairs and decision == "undecided":
+            if twin.measured < self.max_pairs and decision == "undecided":
                 decision = "ended early"
             self.results.append((busy, decision, paired.pairs, paired.ratio, paired.low,
                                  paired.high))  # fmt: skip

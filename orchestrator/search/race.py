@@ -226,9 +226,15 @@ class Race:
         little more often: 6% against 3%). A leader decided against leaves, and the next one
         takes the rounds."""
         alive = self._alive()
-        grown = [e for e in alive if e.paired.pairs >= MIN_PAIRS]
-        leader = max(grown, key=lambda e: e.paired.low, default=None)
+        leader = self._leader(alive)
         return [e for e in alive if e.paired.pairs < MIN_PAIRS or e is leader]
+
+    @staticmethod
+    def _leader(among: list[Entrant]) -> Entrant | None:
+        """The judged one (``MIN_PAIRS`` clean pairs) with the highest lower end: the one the
+        verdict would keep (None: none judged yet)."""
+        judged = [e for e in among if e.paired.pairs >= MIN_PAIRS]
+        return max(judged, key=lambda e: e.paired.low, default=None)
 
     def _over(self, pair: int) -> bool:
         """After a round: a finalist is kept, or round ``pair`` would overdraw the pairs (a
@@ -268,7 +274,7 @@ class Race:
             if decision not in (KEEP, UNDECIDED):
                 entrant.out = f"{decision} (decided after {entrant.paired.pairs} pairs)"
                 self.say(f"race: trial {entrant.record.number} leaves the race: {entrant.out}")
-        leader = max(alive, key=lambda e: e.paired.low, default=None)
+        leader = self._leader(alive)
         for entrant in self._alive():
             if leader is not None and entrant is not leader and entrant.paired.pairs >= \
                     MIN_PAIRS and entrant.paired.high < leader.paired.low:  # fmt: skip
