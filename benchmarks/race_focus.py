@@ -7,8 +7,8 @@ stopping) with two finalists and windows drawn here instead of measured: a windo
 its configuration's true speed times a log-normal scatter, so that a pair's log ratio scatters
 by the given spread. The verdict is read from the race's remeasure.csv rows by
 ``verdict.verdict_from_rows``, as a search reads it. What it prints per pair of true ratios:
-how often the verdict kept a finalist, said "no gain worth having", or stayed "too noisy", and
-the pairs it took. A keep where both ratios are at or below 1 + δ is a false keep.
+how often the verdict kept a finalist, kept one whose true ratio is at or below 1 + δ (a wrong
+keep), said "no gain worth having", or stayed "too noisy", and the pairs it took.
 
     python -m benchmarks.race_focus             # 1000 races per cell, a few minutes
     python -m benchmarks.race_focus --quick     # 40 per cell, one spread: seconds
@@ -26,7 +26,7 @@ import math
 import random
 from types import SimpleNamespace
 
-from orchestrator.search.finalists import HEADER
+from orchestrator.search.finalists import as_text
 from orchestrator.search.race import Entrant, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict import verdict_from_rows
@@ -66,9 +66,7 @@ class Simulated(Race):
             speed = self.speed[self.slots[index].who.record.number]
             value = speed * math.exp(self.rng.gauss(0.0, self.window_spread))
             self._take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
-        rows = [{h: "" if r.get(h) is None else str(r.get(h, "")) for h in HEADER}
-                for r in self.rows]  # fmt: skip
-        verdict = verdict_from_rows(rows, self.delta)
+        verdict = verdict_from_rows(as_text(self.rows), self.delta)
         if verdict.chosen:
             wrong = self.speed[verdict.chosen.number] <= 1 + self.delta + 1e-9
             return ("wrong keep" if wrong else "keep"), self.spent()

@@ -117,8 +117,7 @@ def remeasure(
         print(f"re-measuring in paired runs interleaved with the baseline: {shown}", flush=True)
         rows += _group_rows(ctx, baseline, grouped, start=len(rows))
     write_rows(out / REMEASURE_CSV, rows)
-    text = [{h: "" if row.get(h) is None else str(row.get(h, "")) for h in HEADER} for row in rows]
-    return verdict_from_rows(text, ctx.config.search.verdict_delta)
+    return verdict_from_rows(as_text(rows), ctx.config.search.verdict_delta)
 
 
 def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str:
@@ -132,6 +131,13 @@ HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "thro
           "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
           "delta", "floor", "reference"]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
+
+
+def as_text(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The rows as remeasure.csv holds them (every column, text; None: empty), for
+    ``verdict_from_rows``: the verdict read from the rows in memory is the one read from the
+    file."""
+    return [{h: "" if row.get(h) is None else str(row.get(h, "")) for h in HEADER} for row in rows]
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
