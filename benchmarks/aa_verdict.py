@@ -127,7 +127,7 @@ def calibrate(ctx: TrialContext, base: TrialRecord) -> tuple[TrialRecord, float]
         raise SystemExit(f"the calibration trials did not complete: {found}")
     measured = TrialRecord(base.number, m.COMPLETE, "", base.params,
                            {m.SAMPLES_PER_S: found[0][m.SAMPLES_PER_S]})  # fmt: skip
-    return measured, noise_floor([o[m.THROUGHPUT_CV] for o in found])
+    return measured, noise_floor([o[m.THROUGHPUT_CV] for o in found], ctx.config.search.windows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -192,11 +192,35 @@ def floored_spread(spread: float, pairs: int, floor: float) -> float:
     return max(spread, pooled)
 
 
-def noise_floor(window_cvs: list[float]) -> float:
-    """The least spread of a pair's log ratio: the median window cv the search measured, times
-    the square root of 2 (a ratio of two windows)."""
+CALIBRATED_WINDOWS = 3
+"""Windows a trial of the searches had whose window cv set the race's figures: the noise floor
+the A/A benchmark's false keeps were counted with, ``finalists.NOISE_MARGIN``, the presets' δ."""
+
+
+def noise_floor(window_cvs: list[float], windows: int) -> float:
+    """The least spread of a pair's log ratio: the median window cv the search measured (from
+    ``windows`` windows a trial, as three would show it: ``comparable_cv``), times the square
+    root of 2 (a ratio of two windows)."""
     cvs = sorted(cv for cv in window_cvs if math.isfinite(cv) and cv >= 0)
-    return math.sqrt(2) * statistics.median(cvs) if cvs else 0.0
+    return math.sqrt(2) * comparable_cv(statistics.median(cvs), windows) if cvs else 0.0
+
+
+def median_cv(windows: int) -> float:
+    """The median of the population cv (``summarize``'s) of ``windows`` draws of normal noise
+    whose own cv is 1: sqrt(median(chi-square, windows - 1 df) / windows), the chi-square
+    median by Wilson and Hilferty (within 1% of the exact ratio of two windows' to three's)."""
+    df = windows - 1
+    return math.sqrt(df * (1 - 2 / (9 * df)) ** 3 / windows)
+
+
+def comparable_cv(cv: float, windows: int) -> float:
+    """A trial's window cv from ``windows`` windows as ``CALIBRATED_WINDOWS`` would show it. The
+    fewer the windows, the lower the cv in the median (two windows' is 0.70 of three's at the
+    same noise), so a search of two windows a trial (the cpu-demo's: 49 s less) would otherwise
+    lower the floor and the margin below what they were measured at. One window has no cv."""
+    if windows < 2:
+        return cv
+    return cv * median_cv(CALIBRATED_WINDOWS) / median_cv(windows)
 
 
 def pair_order(pair: int) -> tuple[str, str]:

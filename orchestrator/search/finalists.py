@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.paired import noise_floor
+from orchestrator.paired import comparable_cv, noise_floor
 from orchestrator.runfiles import REMEASURE_CSV, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
@@ -59,11 +59,12 @@ def finalists(
     return out
 
 
-def noise_margin(recs: list[TrialRecord], delta: float) -> float:
+def noise_margin(recs: list[TrialRecord], delta: float, windows: int) -> float:
     """How close to the best a search figure must be to race: ``NOISE_MARGIN`` times the
-    completed trials' median window cv, at least 2 δ."""
+    completed trials' median window cv (from ``windows`` windows a trial, as three would show
+    it: ``paired.comparable_cv``), at least 2 δ."""
     cvs = sorted(r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value is not None)
-    typical = cvs[len(cvs) // 2] if cvs else 0.0
+    typical = comparable_cv(cvs[len(cvs) // 2], windows) if cvs else 0.0
     return max(NOISE_MARGIN * typical, 2 * delta)
 
 
@@ -101,7 +102,8 @@ def remeasure(
         window.pop()  # the slowest first
     rows: list[dict[str, Any]] = []
     if window:
-        floor = noise_floor([r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value])
+        cvs = [r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value]
+        floor = noise_floor(cvs, ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
         race.run()
         rows += race.rows

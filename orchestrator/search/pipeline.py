@@ -265,7 +265,7 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
     compare or the time budget is spent)."""
     base = baseline_record(recs, ctx.space.baseline())
     search = ctx.config.search
-    margin = noise_margin(recs, search.verdict_delta)
+    margin = noise_margin(recs, search.verdict_delta, search.windows)
     chosen = finalists(recs, base, search.remeasure_top, margin) if base else []
     if not chosen:
         if base and search.remeasure_top:

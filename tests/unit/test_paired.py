@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -334,11 +335,34 @@ def test_the_noise_floor_keeps_lucky_agreement_from_deciding() -> None:
 
     lucky = (1.05, 1.07, 1.06, 1.08)
     assert decide(PairedRatio(lucky).low, PairedRatio(lucky).high, 0.02) == KEEP
-    floor = noise_floor([0.08, 0.07, 0.09])
+    floor = noise_floor([0.08, 0.07, 0.09], 3)
     assert floor == pytest.approx(0.08 * 2**0.5)
     floored = PairedRatio(lucky, floor)
     assert decide(floored.low, floored.high, 0.02) == UNDECIDED
-    assert noise_floor([]) == 0.0 and noise_floor([float("nan")]) == 0.0
+    assert noise_floor([], 3) == 0.0 and noise_floor([float("nan")], 3) == 0.0
+
+
+@pytest.mark.parametrize("windows", [2, 4, 6])
+def test_a_cv_from_fewer_or_more_windows_reads_as_three_would(windows: int) -> None:
+    """Searches of 2, 4 or 6 windows a trial at the same noise (windows of cv 5%, normal)
+    give, in the median over many trials, the floor a search of three windows gives, within
+    3%: uncorrected, two windows' would be 30% lower (a floor too low lets lucky pairs keep)."""
+    from orchestrator.paired import comparable_cv, noise_floor
+
+    rng = random.Random(windows)
+
+    def cvs(k: int) -> list[float]:
+        out = []
+        for _ in range(4000):
+            xs = [rng.gauss(100.0, 5.0) for _ in range(k)]
+            out.append(statistics.pstdev(xs) / statistics.fmean(xs))
+        return out
+
+    three = noise_floor(cvs(3), 3)
+    assert noise_floor(cvs(windows), windows) == pytest.approx(three, rel=0.03)
+    if windows == 2:
+        assert statistics.median(cvs(2)) < 0.75 * statistics.median(cvs(3))
+    assert comparable_cv(0.05, 3) == 0.05 and comparable_cv(0.0, 1) == 0.0
 
 
 def _sequential(ratios: list[float], floor: float, delta: float) -> str:

@@ -56,10 +56,12 @@ def test_a_smaller_size_searches_on_its_own_name_with_half_the_trials() -> None:
 
 
 def test_a_smaller_size_measures_windows_of_as_many_seconds_in_fewer_longer_steps() -> None:
-    config = load_config(preset="cpu-demo", sets=["search.world_sizes=[2, 1]"])
+    shape = ["search.measure_steps=9", "search.windows=3"]
+    config = load_config(preset="cpu-demo", sets=[*shape, "search.world_sizes=[2, 1]"])
     one = size_config(config, 1, primary=False)  # 3 steps a window on 2 workers: 1.5 -> 2
     assert (one.search.measure_steps, one.search.windows) == (6, 3)
-    wide = load_config(preset="cpu-demo", sets=["cluster.num_workers=8", "workload.global_batch=64",
+    wide = load_config(preset="cpu-demo", sets=[*shape, "cluster.num_workers=8",
+                                                "workload.global_batch=64",
                                                 "search.world_sizes=[8, 4, 2, 1]"])  # fmt: skip
     steps = [size_config(wide, n, primary=False).search.measure_steps for n in (4, 2, 1)]
     assert steps == [6, 3, 3]
