@@ -117,12 +117,14 @@ class Repeated(Race):
         self.finished = True
 
 
-def calibrate(ctx: TrialContext, base: TrialRecord) -> tuple[TrialRecord, float]:
-    """The baseline as a search would hand it to the race: its search figure (the first of two
-    trials of it, which its slow race windows are judged by) and the noise floor
-    (``paired.noise_floor`` of both trials' window cv)."""
+def calibrate(ctx: TrialContext, base: TrialRecord, trials: int) -> tuple[TrialRecord, float]:
+    """The baseline as a search would hand it to the race: its search figure (the first of
+    ``trials`` trials of it, which its slow race windows are judged by) and the noise floor
+    (``paired.noise_floor`` of their window cvs). As many trials as a search completes: the
+    floor is a median of cvs, and one of two cvs of two windows each (the cpu-demo's) came out
+    10.6% where the search's medians of eight were 4-7%."""
     plan = derive_plan(ctx, base.params)
-    found = measure_plans(ctx, [plan, plan], "calibration")
+    found = measure_plans(ctx, [plan] * trials, "calibration")
     if any(o.get(m.STATE) != m.COMPLETE for o in found):
         raise SystemExit(f"the calibration trials did not complete: {found}")
     measured = TrialRecord(base.number, m.COMPLETE, "", base.params,
@@ -137,11 +139,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--busy-every", type=int, default=2, help="0: never busy")
     ap.add_argument("--switch-steps", type=int, default=race_mod.SWITCH_STEPS,
                     help="unmeasured steps before each window (what the race runs: %(default)s)")
+    ap.add_argument("--calibration-trials", type=int, default=8,
+                    help="trials of the baseline the noise floor is measured from, as a search's "
+                         "completed trials (default %(default)s; at least 2)")
     ap.add_argument("--quick", action="store_true", help="smoke, 3 decisions, never busy")
     args = ap.parse_args(argv)
+    if args.calibration_trials < 2:
+        ap.error(f"--calibration-trials {args.calibration_trials}: a noise floor needs at least 2")
     race_mod.SWITCH_STEPS = args.switch_steps
     if args.quick:
         args.preset, args.decisions, args.busy_every = "smoke", 3, 0
+        args.calibration_trials = 2
     config = load_config(None, args.preset, [])
     start_ray(config, verbose=False)
     use_gpu = resolve_gpu(config)
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     base = TrialRecord(0, m.COMPLETE, "", space.baseline(), {})
     with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
-        base, floor = calibrate(ctx, base)
+        base, floor = calibrate(ctx, base, args.calibration_trials)
         race = Repeated(ctx, base, args.decisions, args.busy_every, floor)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
               f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.paired import PairedRatio, pair_order, ratios_from_rows, t_quantile
+from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order, ratios_from_rows, t_quantile
 from orchestrator.search import race as race_mod
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide, verdict_from_rows
@@ -392,6 +392,77 @@ _AA_RECORDED = (
              [1.006, 1.014, 0.955, 0.941], [1.586, 1.306, 2.007, 0.981, 0.462, 0.839],
              [0.924, 0.795, 3.273, 1.074, 1.845, 0.489]]),
 )  # fmt: skip
+
+
+# The A/A benchmark of 2026-12-04 (cf7a099: cpu-demo, two windows a trial, δ 4%): each
+# decision's pairs and its baseline windows (samples/s; the baseline's search figure 17.99).
+# Decisions 3, 6, 9, 12, 15 and 18 had a busy neighbour. Its own floor was 10.6%.
+_AA_TWO_WINDOWS = (
+    ([0.930, 0.950, 0.960, 1.004, 0.981],
+     [21.6, 22.0, 21.4, 21.6, 22.4]),
+    ([1.018, 0.920, 0.927, 1.053, 1.056, 0.985],
+     [21.5, 22.1, 22.0, 20.5, 21.0, 21.6]),
+    ([0.384, 0.974, 1.281, 0.959, 0.750, 0.972],
+     [22.3, 22.3, 7.8, 21.0, 10.6, 22.5]),
+    ([0.993, 1.005, 0.964, 0.998, 1.009],
+     [22.2, 22.4, 22.6, 22.3, 22.0]),
+    ([0.958, 1.009, 1.004, 0.963, 1.000],
+     [22.1, 22.3, 22.1, 22.4, 21.0]),
+    ([0.911, 1.842, 0.257, 0.891, 0.492, 1.022],
+     [21.3, 10.4, 12.3, 21.7, 21.1, 9.3]),
+    ([0.956, 1.061, 1.103, 1.047, 0.884, 1.009],
+     [21.8, 18.9, 20.0, 21.1, 20.1, 21.0]),
+    ([1.012, 0.985, 1.018, 0.991, 0.988, 0.984],
+     [21.2, 19.5, 21.3, 21.8, 21.7, 22.0]),
+    ([0.752, 1.164, 0.405, 0.582, 1.564, 0.937],
+     [7.5, 16.5, 20.7, 16.9, 12.1, 10.8]),
+    ([1.033, 0.960, 1.016, 1.006, 1.024, 0.904],
+     [21.2, 21.6, 21.3, 22.0, 20.9, 21.7]),
+    ([1.004, 1.009, 0.971, 1.004, 1.005, 1.001],
+     [22.1, 21.5, 22.0, 21.9, 21.5, 22.0]),
+    ([1.031, 2.274, 0.967, 0.749, 1.282, 1.411],
+     [21.2, 9.7, 10.4, 13.1, 10.1, 10.4]),
+    ([1.157, 1.078, 1.001, 0.947, 0.921, 0.985],
+     [18.8, 20.1, 20.8, 22.1, 22.0, 21.4]),
+    ([0.962, 1.033, 0.979, 0.967, 0.955],
+     [21.5, 21.3, 22.1, 21.6, 22.0]),
+    ([1.056, 1.130, 1.343, 1.364, 0.532, 1.916],
+     [9.7, 10.2, 11.8, 10.1, 18.6, 9.4]),
+    ([1.021, 0.972, 1.047, 1.043, 1.012, 0.984],
+     [20.3, 19.7, 20.3, 20.9, 19.7, 20.9]),
+    ([0.946, 0.978, 0.973, 0.961, 0.995],
+     [21.4, 21.6, 22.0, 22.2, 21.0]),
+    ([1.064, 1.009, 0.521, 1.781, 1.125, 1.784],
+     [8.1, 20.2, 17.5, 9.9, 11.3, 9.5]),
+    ([1.001, 0.993, 0.987, 1.044, 0.917],
+     [19.6, 21.2, 21.6, 19.9, 19.0]),
+    ([0.828, 1.172, 1.100, 0.925, 0.953, 0.964],
+     [19.8, 16.4, 17.8, 19.5, 21.1, 19.9]),
+)  # fmt: skip
+
+
+def _replayed(pairs: list[float], base: list[float], floor: float, delta: float) -> str:
+    """The race's rule for one finalist with its baseline windows: judged from the third
+    clean pair on, stopped at the first decision."""
+    for n in range(MIN_PAIRS, len(pairs) + 1):
+        paired = PairedRatio(tuple(pairs[:n]), floor, tuple(base[:n]), 17.99)
+        if paired.pairs >= MIN_PAIRS:
+            decision = decide(paired.low, paired.high, delta, paired.bound)
+            if decision != UNDECIDED:
+                return decision
+    return UNDECIDED
+
+
+@pytest.mark.parametrize("floor", [0.03, 0.045, 0.067, 0.106])
+def test_the_two_window_aa_keeps_nothing_whatever_the_floor(floor: float) -> None:
+    """Its floor (two calibration trials) came out above a search's, so its 0 false keeps of
+    20 could be the floor's doing: replayed at floors from 3% (below any search's) to its own,
+    at δ 4% and 2%, nothing is kept; at its own floor the replay gives what it printed."""
+    for delta in (0.04, 0.02):
+        decisions = [_replayed(p, b, floor, delta) for p, b in _AA_TWO_WINDOWS]
+        assert len(decisions) == 20 and KEEP not in decisions
+    if floor == 0.106:
+        assert [_replayed(p, b, floor, 0.04) for p, b in _AA_TWO_WINDOWS].count(NO_GAIN) == 10
 
 
 def test_the_floor_weighs_as_two_pairs_and_never_narrows() -> None:
