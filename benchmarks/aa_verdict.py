@@ -122,7 +122,7 @@ def calibrate(ctx: TrialContext, base: TrialRecord, trials: int) -> tuple[TrialR
     ``trials`` trials of it, which its slow race windows are judged by) and the noise floor
     (``paired.noise_floor`` of their window cvs). As many trials as a search completes: the
     floor is a median of cvs, and one of two cvs of two windows each (the cpu-demo's) came out
-    10.6% where the search's medians of eight were 4-7%."""
+    10.6% where five default searches' floors (medians over seven trials) were 2.2-8.9%."""
     plan = derive_plan(ctx, base.params)
     found = measure_plans(ctx, [plan] * trials, "calibration")
     if any(o.get(m.STATE) != m.COMPLETE for o in found):
