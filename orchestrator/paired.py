@@ -216,8 +216,8 @@ def median_cv(windows: int) -> float:
 def comparable_cv(cv: float, windows: int) -> float:
     """A trial's window cv from ``windows`` windows as ``CALIBRATED_WINDOWS`` would show it. The
     fewer the windows, the lower the cv in the median (two windows' is 0.70 of three's at the
-    same noise), so a search of two windows a trial (the cpu-demo's: 49 s less) would otherwise
-    lower the floor and the margin below what they were measured at. One window has no cv."""
+    same noise), so a search of two windows a trial (the cpu-demo's) would otherwise lower the
+    floor and the margin below what they were measured at. One window has no cv."""
     if windows < 2:
         return cv
     return cv * median_cv(CALIBRATED_WINDOWS) / median_cv(windows)
