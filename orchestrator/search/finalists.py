@@ -59,11 +59,17 @@ def finalists(
     return out
 
 
+def window_cvs(recs: list[TrialRecord]) -> list[float]:
+    """The completed trials' window cvs (0 where a trial recorded none): what the finalists'
+    margin and the race's noise floor are read from."""
+    return [r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value is not None]
+
+
 def noise_margin(recs: list[TrialRecord], delta: float, windows: int) -> float:
     """How close to the best a search figure must be to race: ``NOISE_MARGIN`` times the
     completed trials' median window cv (from ``windows`` windows a trial, as three would show
     it: ``paired.comparable_cv``), at least 2 δ."""
-    cvs = sorted(r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value is not None)
+    cvs = sorted(window_cvs(recs))
     typical = comparable_cv(cvs[len(cvs) // 2], windows) if cvs else 0.0
     return max(NOISE_MARGIN * typical, 2 * delta)
 
@@ -102,8 +108,7 @@ def remeasure(
         window.pop()  # the slowest first
     rows: list[dict[str, Any]] = []
     if window:
-        cvs = [r.attrs.get(m.THROUGHPUT_CV) or 0.0 for r in recs if r.value]
-        floor = noise_floor(cvs, ctx.config.search.windows)
+        floor = noise_floor(window_cvs(recs), ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
         race.run()
         rows += race.rows
