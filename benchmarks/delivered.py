@@ -30,7 +30,7 @@ import yaml
 from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.paired import PairedRatio, pair_order
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.verdict import Verdict, verdict_from_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,13 +59,40 @@ def train(config: Path, out: Path, steps: int, skip: int) -> float:
     """One training run; its median samples/s after ``skip`` steps."""
     cmd = [sys.executable, "-m", "orchestrator.train", "--config", str(config), "--steps",
            str(steps), "--checkpoint-every", str(steps), "--out", str(out)]  # fmt: skip
+    _run(cmd)
+    with (out / PROGRESS_CSV).open() as f:
+        rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
+    return statistics.median(float(r["samples_per_s"]) for r in rows)
+
+
+def quick_search(out: Path) -> None:
+    """The smoke search of ``--quick``: 2 trials, a 3-pair race, no pruning (a pruned trial 1
+    would leave no finalist, so no verdict to check)."""
+    search = [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--trials", "2",
+              "--out", str(out), "--set", "search.verdict_pairs=3", "--set", "search.prune=false",
+              "--set", "search.scaling_baseline=false"]  # fmt: skip
+    _run(search)
+
+
+def _run(cmd: list[str]) -> None:
+    """Run a command of the project's; its output is shown only if it fails."""
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}"
                          f"{done.stderr[-3000:]}")  # fmt: skip
-    with (out / PROGRESS_CSV).open() as f:
-        rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
-    return statistics.median(float(r["samples_per_s"]) for r in rows)
+
+
+def read_verdict(run: Path) -> Verdict:
+    """The verdict the search wrote, read from its remeasure.csv as the search read it; a run
+    without one (no finalist, or the time budget spent before the race) has nothing to check,
+    and says so before any training run is spent."""
+    path = run / REMEASURE_CSV
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: that search re-measured no finalist (its output "
+                         "says why: every other trial failed or was pruned, or its time budget "
+                         "was spent), so it has no verdict to check against training")  # fmt: skip
+    with path.open() as f:
+        return verdict_from_rows(list(csv.DictReader(f)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,13 +108,11 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         if args.quick:
             args.run, args.rounds, args.steps, args.skip = str(work / "search"), 2, 12, 3
-            short = ["--set", "search.verdict_pairs=3", "--set", "search.scaling_baseline=false"]
-            search = ["-m", "orchestrator.search", "--preset", "smoke", "--trials", "2",
-                      "--out", args.run, *short]  # fmt: skip
-            subprocess.run([sys.executable, *search], cwd=ROOT, check=True, capture_output=True)
+            quick_search(Path(args.run))
         if not args.run:
             ap.error("name a search's run folder (or --quick)")
         run = Path(args.run)
+        verdict = read_verdict(run)
         best, baseline = configs(run, work)
         ratios = []
         for k in range(args.rounds):
@@ -99,8 +124,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pair {k + 1}: best {got['finalist']:.2f} vs baseline {got['baseline']:.2f} "
                   f"samples/s = {ratios[-1]:.3f}", flush=True)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
-        with (run / REMEASURE_CSV).open() as f:
-            verdict = verdict_from_rows(list(csv.DictReader(f)))
     print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
           f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
     print(f"verdict:   {verdict.line()}")
