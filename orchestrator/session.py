@@ -83,7 +83,18 @@ def start_ray(config: Config, verbose: bool) -> None:
     needed = math.ceil(cpus_needed(cluster))
     # "local": a Ray of our own, even where `ray start --head` (or another program's Ray) left
     # its address in /tmp/ray, which a bare ray.init() would join and then refuse num_cpus for.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), **kwargs)
+    ray.init(
+        address="local", num_cpus=max(os.cpu_count() or 1, needed),
+        _system_config={"worker_niceness": WORKER_NICENESS}, **kwargs,
+    )  # fmt: skip
+
+
+WORKER_NICENESS = 0
+"""The niceness of the local Ray's workers (Ray's default is 15, so that its own processes
+stay responsive). A worker at 15 yields nearly all of a core to any process at 0: on a
+laptop with a build or a browser beside it, a measured window gets what is left, and a
+search's verdict reads the neighbour's load. At 0 a worker takes a fair share, as a training
+job would. cluster.yaml's `ray start` commands set RAY_worker_niceness=0 alike."""
 
 
 def hold_coordinator_here() -> None:

@@ -24,6 +24,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
+from orchestrator.session import WORKER_NICENESS
+
 ROOT = Path(__file__).resolve().parents[2]
 AWS_FILE = ROOT / "cluster.yaml"
 LOCAL_FILE = ROOT / "cluster-local.yaml"
@@ -143,6 +145,12 @@ def test_token_authentication_on_every_ray_start(aws: dict) -> None:
     # The token reaches the nodes from the user's home, never from the repository.
     token_mounts = {r: lp for r, lp in aws["file_mounts"].items() if "auth_token" in r}
     assert token_mounts == {"/home/ubuntu/.ray/auth_token": "~/.ray/auth_token"}
+
+
+def test_workers_run_at_the_niceness_of_a_local_search(aws: dict) -> None:
+    for commands in (aws["head_start_ray_commands"], aws["worker_start_ray_commands"]):
+        niceness = exported(ray_start_command(commands)).get("RAY_worker_niceness")
+        assert niceness == str(WORKER_NICENESS), commands
 
 
 def test_gpu_worker_types_grow_and_shrink(aws: dict) -> None:
