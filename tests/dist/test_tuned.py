@@ -19,15 +19,32 @@ BEST = {
 }  # fmt: skip
 
 
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""What torch prints when a gloo worker thread outlives the interpreter's teardown (SIGABRT at
+exit, after the work is done: pytorch/pytorch#179291 describes it). A CI run's rank 1 ended so
+(exit -6; none of 25 runs here since): torch's, not the example's, so a run that printed all
+three steps and aborted so is tried once more; any other failure fails at once."""
+
+
 def test_own_loop_runs_the_tuned_configuration(tmp_path: Path) -> None:
     best = tmp_path / "best.yaml"
     best.write_text(yaml.safe_dump(BEST))
-    done = subprocess.run(
+    done = _torchrun(best)
+    if done.returncode != 0 and TEARDOWN_ABORT in done.stderr and len(_steps(done.stdout)) == 3:
+        done = _torchrun(best)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = _steps(done.stdout)
+    # world 2 instead of the tuned 4: the micro-batch is kept and accumulation doubles.
+    assert len(lines) == 3 and all("micro_batch 2 x accumulation 4" in line for line in lines)
+
+
+def _torchrun(best: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          "--standalone", str(EXAMPLES / "own_loop.py"), str(best)],
         capture_output=True, text=True, timeout=180, cwd=EXAMPLES,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("step")]
-    # world 2 instead of the tuned 4: the micro-batch is kept and accumulation doubles.
-    assert len(lines) == 3 and all("micro_batch 2 x accumulation 4" in line for line in lines)
+
+
+def _steps(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("step")]
