@@ -4,6 +4,8 @@ The decision procedure of the search's verdict (``orchestrator.search.race``: pa
 one worker group, sequential stopping at δ) runs with a finalist that *is* the baseline, built a
 second time, decision after decision in the same worker group. Every "keep" is a false keep,
 every "slower" a false alarm; "no gain" is right and "undecided" is the budget running out.
+A decision may take as many pairs as the search's race gives its leader (``verdict_pairs`` for
+each finalist, less the first three each of the others take): every pair is one more look.
 Every ``--busy-every``-th decision runs beside a neighbour: one process per core that is busy
 and idle in turns of random length (1 to 8 s), the disturbance that pairing must survive.
 
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchestrator.config import load_config
-from orchestrator.paired import noise_floor
+from orchestrator.paired import MIN_PAIRS, noise_floor
 from orchestrator.plans import resolve_task
 from orchestrator.runfiles import storage_dir
 from orchestrator.search import race as race_mod
@@ -85,6 +87,11 @@ class Repeated(Race):
         twin = TrialRecord(1, m.COMPLETE, "", dict(base.params), {})
         super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor)
         self.decisions, self.busy_every = decisions, busy_every
+        # as many pairs as the search's race can give its leader: the other finalists take
+        # their first MIN_PAIRS each, the leader the rest (more looks, more chances to keep)
+        search = ctx.config.search
+        others = MIN_PAIRS * (search.remeasure_top - 1)
+        self.max_pairs = search.verdict_pairs * search.remeasure_top - others
         self.results: list[tuple[bool, str, int, float, float, float]] = []
 
     def _schedule(self) -> Iterator[TrialPlan]:
