@@ -65,8 +65,9 @@ difference an outlier)."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 HELPS = (
-    "what helps: more pairs (search.verdict_pairs), a quieter machine, fewer finalists "
-    "(search.remeasure_top), or a larger noise threshold (search.verdict_delta)"
+    "what helps: measuring on from these pairs (the same command with --resume), more pairs "
+    "(search.verdict_pairs), a quieter machine, fewer finalists (search.remeasure_top), or a "
+    "larger noise threshold (search.verdict_delta)"
 )
 
 

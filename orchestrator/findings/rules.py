@@ -367,8 +367,9 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
         "medium" if best_noisy or (verdict and verdict.too_noisy) else "info",
         "measurement noise is as large as the gains being judged",
         "; ".join(evidence),
-        "quiet the machine during the search (no other jobs on its cores or GPUs); give the "
-        f"verdict more pairs (search.verdict_pairs) or accept only larger gains "
+        "quiet the machine during the search (no other jobs on its cores or GPUs); measure "
+        "an undecided verdict on from its pairs (the search command again with --resume); give "
+        f"the verdict more pairs (search.verdict_pairs) or accept only larger gains "
         f"(search.verdict_delta, now {delta * 100:g}%); measure trials longer (search.windows, "
         "search.measure_steps)",
         max(spread / NOISY_SPREAD, float(len(claims)), 1.0),

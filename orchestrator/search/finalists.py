@@ -14,12 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.paired import comparable_cv, noise_floor
-from orchestrator.runfiles import REMEASURE_CSV, write_csv
+from orchestrator.paired import comparable_cv, noise_floor, recorded_fraction
+from orchestrator.runfiles import REMEASURE_CSV, read_csv, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.verdict import GROUP, Measure, Run, Verdict, disturbances, verdict_from_rows
+from orchestrator.verdict import (
+    DELTA,
+    GROUP,
+    WINDOW,
+    Measure,
+    Run,
+    Verdict,
+    disturbances,
+    verdict_from_rows,
+)
 from train_fns import metrics as m
 
 
@@ -125,6 +134,43 @@ def remeasure(
         rows += _group_rows(ctx, baseline, grouped, start=len(rows))
     write_rows(out / REMEASURE_CSV, rows)
     return verdict_from_rows(as_text(rows), ctx.config.search.verdict_delta)
+
+
+def measure_on(
+    ctx: TrialContext, baseline: TrialRecord, recs: list[TrialRecord], out: Path,
+    deadline: float | None = None,
+) -> Verdict | None:
+    """The verdict on record (remeasure.csv; None: there is none), and where it is "too noisy",
+    the race measured on from its pairs: a resumed search whose trials are all done spends its
+    time where the answer is, not on a new search. Only window-paired finalists measure on
+    (paired runs are not carried); a pair's two windows come from one worker group, so pairs
+    measured minutes later compare as the first ones did."""
+    path = out / REMEASURE_CSV
+    rows = read_csv(path) if path.is_file() else []
+    if not rows:
+        return None
+    delta, recorded = ctx.config.search.verdict_delta, recorded_fraction(rows, "delta", DELTA)
+    if delta != recorded:  # a threshold chosen anew (search.verdict_delta) judges all the pairs
+        print(f"resume: δ {recorded * 100:g}% on record, {delta * 100:g}% now "
+              "(search.verdict_delta): the pairs on record are judged at the latter", flush=True)
+        rows = [{**row, "delta": str(delta)} for row in rows]
+        write_rows(path, rows)
+    verdict = verdict_from_rows(rows, delta)
+    open_ = [c.number for c in verdict.comparisons if c.pairing == WINDOW]
+    if not verdict.too_noisy or not open_:
+        print(f"resume: the verdict on record: {verdict.line()}", flush=True)
+        return verdict
+    chosen = [rec for rec in recs if rec.number in open_]
+    race = Race(ctx, baseline, chosen, deadline=deadline,
+                floor=recorded_fraction(rows, "floor", 0.0))  # fmt: skip
+    race.carry(rows)
+    print(f"resume: the verdict on record was too noisy ({verdict.comparisons[0].line()}): "
+          "measuring on from its pairs", flush=True)  # fmt: skip
+    if race.entrants and any(e.out is None for e in race.entrants):
+        race.run()
+    rows = rows + as_text(race.rows)
+    write_rows(path, rows)
+    return verdict_from_rows(rows, delta)
 
 
 def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str:

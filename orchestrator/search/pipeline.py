@@ -18,7 +18,7 @@ from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_
 from orchestrator.search import ctrl_c, evidence, study
 from orchestrator.search.context import context_for, space_of, spaces_error
 from orchestrator.search.estimate import model_size
-from orchestrator.search.finalists import finalists, noise_margin, remeasure
+from orchestrator.search.finalists import finalists, measure_on, noise_margin, remeasure
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds, seed_count
 from orchestrator.search.results import (
@@ -119,6 +119,9 @@ def run_search(
             ctx = dataclasses.replace(ctx, slowest_start_s=seen)
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
             verdict = _remeasure(ctx, recs, out, deadline)
+            lines = write_outputs(recs, config, space, out, verdict)
+        elif base := baseline_record(recs, space.baseline()):  # a finished study, resumed
+            verdict = measure_on(ctx, base, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)
         lines += evidence.scaling_lines(recs, space.baseline(), info)
         lines += filter(None, [overhead_line(recs, info.search_wall_s)])

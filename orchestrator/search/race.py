@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.paired import FUTILITY_CONFIDENCE, MIN_PAIRS, PairedRatio, pair_order
+from orchestrator.paired import (
+    FUTILITY_CONFIDENCE,
+    MIN_PAIRS,
+    PairedRatio,
+    pair_order,
+    ratios_from_rows,
+)
 from orchestrator.search.group_run import GroupRun
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
@@ -130,6 +136,26 @@ class Race:
         """The current group's schedule ran to its end (it was not cut short)."""
         self.deadline = deadline
         """``search.time_budget_min`` as a ``time.time()``: no round starts after it."""
+        self.carried = 0
+        """Pairs on record this race measures on from (``carry``)."""
+        self.first_attempt = 0
+        """The number of the race's first worker group (after those on record)."""
+
+    def carry(self, rows: list[dict[str, str]]) -> None:
+        """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
+        with its complete pairs there, the rounds, rows and worker groups numbered on after
+        them, and the pair budget is theirs plus ``search.verdict_pairs`` per finalist. Those
+        the pairs on record decide against leave before the first round."""
+        found = ratios_from_rows(rows)
+        for entrant in self.entrants:
+            ratios, base = found.get(entrant.record.number, ([], []))
+            entrant.baseline = dict(enumerate(base))
+            entrant.windows = {k: r * b for k, (r, b) in enumerate(zip(ratios, base, strict=True))}
+        self.carried = self.spent()
+        self.next_pair = max((e.measured for e in self.entrants), default=0)
+        self.position = 1 + max((_whole(r.get("position")) for r in rows), default=-1)
+        self.first_attempt = 1 + max((_whole(r.get("attempt")) for r in rows), default=-1)
+        self._judge_round()
 
     def _entrant(self, rec: TrialRecord, key: str) -> Entrant:
         plan, _ = derive_plan(self.ctx, rec.params)
@@ -140,13 +166,16 @@ class Race:
         group that hangs or crashes is ended and the race goes on in a fresh one (at most
         ``GROUPS`` in all), the pairs so far kept; a configuration that fails twice is out."""
         _, env = derive_plan(self.ctx, self.base.record.params)
-        shown = ", ".join(f"trial {e.record.number}" for e in self.entrants)
+        shown = ", ".join(f"trial {e.record.number}" for e in self._alive())
+        most = f"at most {self.budget} pairs"
+        if self.carried:
+            most = f"{self.carried} pairs on record, at most {self.budget - self.carried} more"
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
             f"{self.steps} steps each, B c then c B), until decided at δ {self.delta * 100:g}% "
-            f"(at most {self.budget} pairs{self._sharing()})"
+            f"({most}{self._sharing()})"
         )
-        for attempt in range(GROUPS):
+        for attempt in range(self.first_attempt, self.first_attempt + GROUPS):
             self.slots, self.broken, self.finished, self.attempt = [], None, False, attempt
             group = GroupRun(self.ctx, f"verdict_{attempt}", owned=True, out=self.say)
             plans = self._schedule()
@@ -154,7 +183,7 @@ class Race:
             if self.finished or not self._alive():
                 break
             broken = self.broken or "its worker group ended before the race did"
-            if self.ended is not None or attempt + 1 == GROUPS:
+            if self.ended is not None or attempt + 1 == self.first_attempt + GROUPS:
                 self.ended = self.ended or broken
                 break
             self.say(f"race: {broken}; going on in a fresh worker group, the pairs so far kept")
@@ -252,7 +281,7 @@ class Race:
     def budget(self) -> int:
         """Pairs the whole race may measure: ``search.verdict_pairs`` per finalist, so that
         those a finalist decided early leaves unused go to the ones still undecided."""
-        return self.max_pairs * len(self.entrants)
+        return self.carried + self.max_pairs * len(self.entrants)
 
     def spent(self) -> int:
         """Pairs measured so far, every finalist's (those still to be measured again after a
@@ -347,3 +376,11 @@ class Race:
             "reference": self.base.record.value or "",
             "delta": self.delta,
         }  # fmt: skip
+
+
+def _whole(value: str | None) -> int:
+    """A remeasure.csv position or attempt as a whole number (-1: none, or not a number)."""
+    try:
+        return int(value or -1)
+    except ValueError:
+        return -1

@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order, ratios_from_rows, t_quantile
 from orchestrator.search import race as race_mod
+from orchestrator.search.finalists import as_text
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide, verdict_from_rows
 from train_fns import metrics as m
@@ -249,11 +250,14 @@ def test_a_failed_baseline_window_ends_the_race_and_a_failed_finalist_leaves_it(
 
 def _raced(
     hangs: set[tuple[int, int, int]], finalists: dict[int, float] | None = None,
-    max_pairs: int = 10,
+    max_pairs: int = 10, carry: list[dict[str, str]] | None = None, noise: float = 0.01,
 ) -> tuple[_Driven, list[list[str]]]:  # fmt: skip
     """A race through ``Race.run`` whose worker groups are this test: the window of (group,
-    trial, pair) in ``hangs`` hangs, ending its group; the others complete at their speed."""
+    trial, pair) in ``hangs`` hangs, ending its group; the others complete at their speed
+    (``noise``: a window's scatter). ``carry``: remeasure.csv rows it measures on from."""
     driven = _Driven(finalists or {5: 1.10, 6: 1.08}, max_pairs=max_pairs)
+    if carry is not None:
+        driven.race.carry(carry)
     groups: list[list[str]] = []
 
     class Group:
@@ -269,7 +273,7 @@ def _raced(
                     take(index, {m.STATE: m.HANG, m.REASON: "hang in phase measure"})
                     return [None]
                 speed = driven.speed[slot.who.record.number]
-                value = 100.0 * speed * (1 + driven.rng.gauss(0, 0.01))
+                value = 100.0 * speed * (1 + driven.rng.gauss(0, noise))
                 take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
             return []
 
@@ -305,6 +309,98 @@ def test_a_group_ending_in_the_last_round_leaves_no_finalist_short() -> None:
     assert len(groups) == 2 and driven.race.ended is None
     assert [e.paired.pairs for e in driven.race.entrants] == [3, 3]
     assert driven.race.spent() == driven.race.budget == 6
+
+
+def test_measuring_on_starts_from_the_pairs_on_record() -> None:
+    """A race that ended "too noisy" after its four pairs, measured on: the finalist starts
+    with those four, the rounds, rows and worker groups are numbered on after them, its pairs
+    keep alternating (the fifth is B c), four more pairs are allowed, and the rows of both read
+    back into the interval the race decided on."""
+    first, _ = _raced(set(), {5: 1.03}, max_pairs=4, noise=0.02)
+    rows = as_text(first.race.rows)
+    before = verdict_from_rows(rows)
+    assert before.too_noisy and before.comparisons[0].pairs == 4
+    on, groups = _raced(set(), {5: 1.03}, max_pairs=4, carry=rows, noise=0.02)
+    race = on.race
+    (entrant,) = race.entrants
+    assert race.carried == 4 and race.budget == 8 and race.attempt == 1
+    assert 4 < entrant.measured <= 8 and groups[0][:2] == ["baseline", "trial5"]
+    first_round = [s for s in race.slots if s.pair is not None][:2]
+    assert [s.pair for s in first_round] == [4, 4] and first_round[0].who is race.base
+    assert [r["position"] for r in race.rows][0] == len(rows)
+    after = verdict_from_rows(rows + as_text(race.rows))
+    (comp,) = after.comparisons
+    assert comp.pairs == entrant.paired.pairs and comp.low == pytest.approx(entrant.paired.low)
+
+
+def test_a_finalist_the_pairs_on_record_decide_against_does_not_race_again() -> None:
+    first, _ = _raced(set(), {5: 1.02, 6: 0.80}, max_pairs=3, noise=0.03)
+    by = {e.record.number: e for e in first.race.entrants}
+    assert by[6].out.startswith("slower") and by[5].out is None
+    on = _Driven({5: 1.02, 6: 0.80}, max_pairs=3)
+    on.race.carry(as_text(first.race.rows))
+    by = {e.record.number: e for e in on.race.entrants}
+    assert by[6].out.startswith("slower") and by[5].out is None and on.race.carried == 6
+    assert [e.record.number for e in on.race._alive()] == [5]
+
+
+class _Steady:
+    """A worker group whose windows complete at fixed speeds (the baseline's 100), the k-th
+    window 0.5% up or down by turns."""
+
+    speeds = {0: 100.0, 5: 110.0}
+    made = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        type(self).made += 1
+
+    def run(self, source, take, label):  # noqa: ANN001, ANN202
+        for index, (plan, _env) in enumerate(source):
+            number = 0 if plan.resident == "baseline" else int(plan.resident[len("trial"):])
+            value = self.speeds[number] * (1.005 if index % 2 else 0.995)
+            take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+        return []
+
+
+def _measure_on(tmp_path, rows: list[dict[str, str]], delta: float = 0.02):  # noqa: ANN001, ANN202
+    """``finalists.measure_on`` over ``rows`` as remeasure.csv, its groups ``_Steady``."""
+    from orchestrator.search import finalists as fin
+
+    fin.write_rows(tmp_path / "remeasure.csv", rows)
+    plan = TrialPlan(model="x", task=None, seq_len=8, global_batch=4, world_size=2,
+                     accumulation_steps=1, micro_batch=2)  # fmt: skip
+    search = SimpleNamespace(verdict_delta=delta, verdict_pairs=4, measure_steps=9, windows=3)
+    ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+    base = TrialRecord(0, m.COMPLETE, "", {}, {m.SAMPLES_PER_S: 100.0})
+    recs = [base, TrialRecord(5, m.COMPLETE, "", {"n": 5}, {m.SAMPLES_PER_S: 108.0})]
+    _Steady.made = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(race_mod, "derive_plan", lambda ctx, params: (plan, {}))
+        mp.setattr(race_mod, "GroupRun", _Steady)
+        verdict = fin.measure_on(ctx, base, recs, tmp_path)  # type: ignore[arg-type]
+    return verdict, fin.read_csv(tmp_path / "remeasure.csv")
+
+
+def test_a_resumed_search_measures_a_too_noisy_verdict_on(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``--resume`` on a finished search: a decided verdict on record stands (no group runs);
+    a "too noisy" one measures on from its pairs, remeasure.csv keeps them and gains the new
+    ones; a δ chosen anew judges every pair."""
+    kept, _ = _raced(set(), {5: 1.10}, max_pairs=4)
+    verdict, rows = _measure_on(tmp_path, as_text(kept.race.rows))
+    assert verdict.chosen.number == 5 and _Steady.made == 0
+    assert len(rows) == len(kept.race.rows) and "the verdict on record: keep trial 5" in \
+        capsys.readouterr().out  # fmt: skip
+    noisy, _ = _raced(set(), {5: 1.03}, max_pairs=4, noise=0.02)
+    on_record = as_text(noisy.race.rows)
+    verdict, rows = _measure_on(tmp_path, on_record, delta=0.03)
+    said = capsys.readouterr().out
+    assert "δ 2% on record, 3% now" in said and "measuring on from its pairs" in said
+    assert _Steady.made == 1 and len(rows) > len(on_record)
+    assert {r["delta"] for r in rows} == {"0.03"}
+    assert [r["samples_per_s"] for r in rows[: len(on_record)]] == \
+        [r["samples_per_s"] for r in on_record]  # fmt: skip
+    (comp,) = verdict.comparisons
+    assert comp.pairs > 4 and comp.delta == 0.03 and verdict.delta == 0.03
 
 
 def test_no_finalist_when_only_the_baseline_completed() -> None:
