@@ -122,6 +122,8 @@ def run_search(
             lines = write_outputs(recs, config, space, out, verdict)
         elif base := baseline_record(recs, space.baseline()):  # a finished study, resumed
             verdict = measure_on(ctx, base, recs, out, deadline)
+            if verdict is None:  # none on record (its driver died before its race ended)
+                verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)
         lines += evidence.scaling_lines(recs, space.baseline(), info)
         lines += filter(None, [overhead_line(recs, info.search_wall_s)])

@@ -12,6 +12,8 @@ import pytest
 from _search import FAST, interrupt_during_second_trial
 from _search import cli as _cli
 
+from orchestrator.verdict import verdict_from_rows
+
 DEADLINE_S = 15
 
 
@@ -104,6 +106,25 @@ def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
     open_states = {optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING}
     assert not open_states & {t.state for t in study.trials}, "nothing queued stays behind"
     assert {r["number"] for r in rows} <= {str(t.number) for t in study.trials if t.datetime_start}
+
+
+@pytest.mark.slow  # two smoke searches' worth of CI time
+def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path) -> None:
+    """A driver that died between its last trial and the end of its race leaves a finished
+    study and no remeasure.csv (here: a search without a race, then resumed with one):
+    ``--resume`` runs the race, and best.yaml says the verdict it reached."""
+    out, keep = tmp_path / "raceless", ["--set", "search.prune=false", "--trials", "2"]
+    first = _cli([*FAST, *keep, "--out", str(out)])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert not (out / "remeasure.csv").exists()
+    race = ["--set", "search.remeasure_top=1", "--set", "search.verdict_pairs=3"]
+    again = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already has 2 of 2 trials" in again.stdout and "\nrace: trial 1" in again.stdout
+    record = list(csv.DictReader((out / "remeasure.csv").open()))
+    assert {r["pairing"] for r in record} == {"window"} and len(record) >= 2 + 2 * 3
+    line = verdict_from_rows(record).line()
+    assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
 
 
 def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:
