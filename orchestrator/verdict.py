@@ -65,10 +65,12 @@ difference an outlier)."""
 MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 HELPS = (
-    "what helps: measuring on from these pairs (the same command with --resume), more pairs "
-    "(search.verdict_pairs), a quieter machine, fewer finalists (search.remeasure_top), or a "
-    "larger noise threshold (search.verdict_delta)"
+    "more pairs (search.verdict_pairs), a quieter machine, fewer finalists "
+    "(search.remeasure_top), or a larger noise threshold (search.verdict_delta)"
 )
+"""What helps a "too noisy" verdict in a new search ..."""
+MEASURE_ON = "measuring on from these pairs (the same command with --resume)"
+"""... and, first, where the undecided finalist raced in paired windows (``search.race``)."""
 
 
 def decide(low: float, high: float, delta: float, bound: float | None = None) -> str:
@@ -227,7 +229,8 @@ class Verdict:
             return (
                 f"too noisy to decide: trial {top.number} is {top.evidence()}, an interval that "
                 f"reaches both sides of 1 + δ = {1 + self.delta:.2f} ({noise}); {BEST_YAML} "
-                f"keeps the baseline; {HELPS}"
+                f"keeps the baseline; what helps: "
+                f"{MEASURE_ON + ', ' if top.pairing == WINDOW else ''}{HELPS}"
             )
         return (
             f"no gain worth having: the best finalist, trial {top.number}, is {top.evidence()}, "

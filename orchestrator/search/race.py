@@ -138,24 +138,31 @@ class Race:
         """``search.time_budget_min`` as a ``time.time()``: no round starts after it."""
         self.carried = 0
         """Pairs on record this race measures on from (``carry``)."""
+        self.racing = len(self.entrants)
+        """Finalists the budget is given for: all, or those the pairs on record left in."""
         self.first_attempt = 0
         """The number of the race's first worker group (after those on record)."""
 
     def carry(self, rows: list[dict[str, str]]) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
-        with its complete pairs there, the rounds, rows and worker groups numbered on after
-        them, and the pair budget is theirs plus ``search.verdict_pairs`` per finalist. Those
-        the pairs on record decide against leave before the first round."""
+        with its complete pairs there; rounds, rows and worker groups are numbered after the
+        highest on record (so no new window can pair with an old one); those the pairs on
+        record decide against leave before the first round, and the pair budget is those on
+        record plus ``search.verdict_pairs`` for each finalist still in."""
         found = ratios_from_rows(rows)
         for entrant in self.entrants:
             ratios, base = found.get(entrant.record.number, ([], []))
             entrant.baseline = dict(enumerate(base))
             entrant.windows = {k: r * b for k, (r, b) in enumerate(zip(ratios, base, strict=True))}
         self.carried = self.spent()
-        self.next_pair = max((e.measured for e in self.entrants), default=0)
+        paired = [r for r in rows if r.get("pairing") == WINDOW]
+        counts = max((e.measured for e in self.entrants), default=0)  # its own keys run to it
+        self.next_pair = max([counts, *(1 + _whole(r.get("pair")) for r in paired)])
         self.position = 1 + max((_whole(r.get("position")) for r in rows), default=-1)
-        self.first_attempt = 1 + max((_whole(r.get("attempt")) for r in rows), default=-1)
+        self.first_attempt = 1 + max((_whole(r.get("attempt") or "0") for r in paired), default=-1)
+        self.attempt = self.first_attempt
         self._judge_round()
+        self.racing = len(self._alive())
 
     def _entrant(self, rec: TrialRecord, key: str) -> Entrant:
         plan, _ = derive_plan(self.ctx, rec.params)
@@ -279,9 +286,10 @@ class Race:
 
     @property
     def budget(self) -> int:
-        """Pairs the whole race may measure: ``search.verdict_pairs`` per finalist, so that
-        those a finalist decided early leaves unused go to the ones still undecided."""
-        return self.carried + self.max_pairs * len(self.entrants)
+        """Pairs the whole race may measure: ``search.verdict_pairs`` per finalist (measuring
+        on: per finalist still in, beside the pairs on record), so that those a finalist
+        decided early leaves unused go to the ones still undecided."""
+        return self.carried + self.max_pairs * self.racing
 
     def spent(self) -> int:
         """Pairs measured so far, every finalist's (those still to be measured again after a
