@@ -105,7 +105,7 @@ def test_smoke_preset_end_to_end(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "measuring on from its pairs" in again.stdout and "2 pairs on record" in again.stdout
+    assert "on from their pairs" in again.stdout and "2 pairs on record" in again.stdout
     record = list(csv.DictReader((out / "remeasure.csv").open()))
     assert record[: len(cut)] == cut and len(record) > len(cut) + 2
     assert {r["attempt"] for r in record[len(cut) :]} == {"1"}
