@@ -388,8 +388,8 @@ def test_a_resumed_search_measures_a_too_noisy_verdict_on(tmp_path, capsys) -> N
     kept, _ = _raced(set(), {5: 1.10}, max_pairs=4)
     verdict, rows = _measure_on(tmp_path, as_text(kept.race.rows))
     assert verdict.chosen.number == 5 and _Steady.made == 0
-    assert len(rows) == len(kept.race.rows) and "the verdict on record stands (decided): keep trial 5" in \
-        capsys.readouterr().out  # fmt: skip
+    assert len(rows) == len(kept.race.rows)
+    assert "the verdict on record stands (decided): keep trial 5" in capsys.readouterr().out
     noisy, _ = _raced(set(), {5: 1.03}, max_pairs=4, noise=0.02)
     on_record = as_text(noisy.race.rows)
     verdict, rows = _measure_on(tmp_path, on_record, delta=0.03)
