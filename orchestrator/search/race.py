@@ -387,7 +387,7 @@ class Race:
 
 
 def _whole(value: str | None) -> int:
-    """A remeasure.csv position or attempt as a whole number (-1: none, or not a number)."""
+    """A remeasure.csv position, pair or attempt as a whole number (-1: none, or not one)."""
     try:
         return int(value or -1)
     except ValueError:

@@ -108,11 +108,13 @@ def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
     assert {r["number"] for r in rows} <= {str(t.number) for t in study.trials if t.datetime_start}
 
 
-@pytest.mark.slow  # two smoke searches' worth of CI time
+@pytest.mark.slow  # 84 s and 40 s more on a 2-core machine
 def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path) -> None:
     """A driver that died between its last trial and the end of its race leaves a finished
     study and no remeasure.csv (here: a search without a race, then resumed with one):
-    ``--resume`` runs the race, and best.yaml says the verdict it reached."""
+    ``--resume`` runs the race, and best.yaml says the verdict it reached. A verdict left
+    undecided (here: that record cut to its first two pairs) is measured on from its pairs by
+    the next ``--resume``, in a fresh worker group, its rows appended."""
     out, keep = tmp_path / "raceless", ["--set", "search.prune=false", "--trials", "2"]
     first = _cli([*FAST, *keep, "--out", str(out)])
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -124,6 +126,21 @@ def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path)
     record = list(csv.DictReader((out / "remeasure.csv").open()))
     assert {r["pairing"] for r in record} == {"window"} and len(record) >= 2 + 2 * 3
     line = verdict_from_rows(record).line()
+    assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
+    cut = [r for r in record if r["pair"] == "" or int(r["pair"]) < 2]
+    with (out / "remeasure.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(cut[0]))
+        writer.writeheader()
+        writer.writerows(cut)
+    on = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
+    assert on.returncode == 0, on.stdout[-3000:] + on.stderr[-3000:]
+    assert "measuring trial(s) 1 on from their pairs" in on.stdout
+    assert "2 pairs on record, at most 3 more" in on.stdout
+    record = list(csv.DictReader((out / "remeasure.csv").open()))
+    assert record[: len(cut)] == cut and len(record) > len(cut) + 1
+    assert {r["attempt"] for r in record[len(cut) :]} == {"1"}
+    line = verdict_from_rows(record).line()
+    assert f"\nverdict: {line}" in on.stdout
     assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
 
 
