@@ -12,6 +12,7 @@ import pytest
 from _search import FAST, interrupt_during_second_trial
 from _search import cli as _cli
 
+from orchestrator.search.finalists import write_rows
 from orchestrator.verdict import verdict_from_rows
 
 DEADLINE_S = 15
@@ -128,10 +129,7 @@ def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path)
     line = verdict_from_rows(record).line()
     assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
     cut = [r for r in record if r["pair"] == "" or int(r["pair"]) < 2]
-    with (out / "remeasure.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(cut[0]))
-        writer.writeheader()
-        writer.writerows(cut)
+    write_rows(out / "remeasure.csv", cut)
     on = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
     assert on.returncode == 0, on.stdout[-3000:] + on.stderr[-3000:]
     assert "measuring trial(s) 1 on from their pairs" in on.stdout

@@ -384,7 +384,7 @@ def _measure_on(tmp_path, rows: list[dict[str, str]], delta: float = 0.02):  # n
 def test_a_resumed_search_measures_a_too_noisy_verdict_on(tmp_path, capsys) -> None:  # noqa: ANN001
     """``--resume`` on a finished search: a decided verdict on record stands (no group runs);
     a "too noisy" one measures on from its pairs, remeasure.csv keeps them and gains the new
-    ones; a δ chosen anew judges every pair."""
+    ones; a δ configured otherwise than the one on record leaves it standing, said."""
     kept, _ = _raced(set(), {5: 1.10}, max_pairs=4)
     verdict, rows = _measure_on(tmp_path, as_text(kept.race.rows))
     assert verdict.chosen.number == 5 and _Steady.made == 0
