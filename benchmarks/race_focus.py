@@ -29,7 +29,7 @@ import random
 from types import SimpleNamespace
 
 from orchestrator.search.finalists import as_text
-from orchestrator.search.race import Entrant, Race
+from orchestrator.search.race import WINDOW_FIGURE, Entrant, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict import verdict_from_rows
 from train_fns import metrics as m
@@ -75,7 +75,7 @@ class Simulated(Race):
         for index, _plan in enumerate(self._schedule()):
             speed = self.speed[self.slots[index].who.record.number]
             value = speed * math.exp(self.rng.gauss(0.0, self.window_spread))
-            self._take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+            self._take(index, {m.STATE: m.COMPLETE, WINDOW_FIGURE: value})
         verdict = verdict_from_rows(self.record + as_text(self.rows), self.delta)
         if verdict.chosen:
             wrong = self.speed[verdict.chosen.number] <= 1 + self.delta + 1e-9

@@ -1,6 +1,6 @@
 """How much a training step's time scatters on this machine, and which window estimator pairs
 best: the evidence behind the race's window shape (``search.race``: one unmeasured switch step,
-then a window judged by its median step).
+then a window judged by its mean step, ``race.WINDOW_FIGURE``).
 
 Two gloo ranks (one thread each, as a cpus_per_worker=1 worker) train a BERT masked-LM with DDP,
 two configurations built side by side (accumulation ``--accumulation``, e.g. ``1,1`` for an
@@ -43,9 +43,9 @@ MODELS = {
 }  # fmt: skip
 """The preset shapes (``train_fns.model_presets``) with BERT's vocabulary."""
 ESTIMATORS: dict[str, Callable[[list[float]], float]] = {
-    "median after the switch (the race)": lambda s: statistics.median(s[1:]),
+    "median after the switch (the search's figure)": lambda s: statistics.median(s[1:]),
     "median with the switch step": lambda s: statistics.median(s[:-1]),
-    "mean after the switch": lambda s: statistics.fmean(s[1:]),
+    "mean after the switch (the race)": lambda s: statistics.fmean(s[1:]),
     "mean with the switch step": lambda s: statistics.fmean(s[:-1]),
     "the switch step alone": lambda s: s[0],
 }

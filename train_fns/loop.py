@@ -208,6 +208,7 @@ def _window_metrics(
         m.WORLD_SIZE: world_size,
         m.NUM_STEPS: int(times["num_steps"]),
         m.STEP_TIME_S: times["total"],
+        m.MEAN_STEP_TIME_S: times["mean_total"],
         m.DATA_S: times["data"],
         m.FWD_BWD_S: times["fwd_bwd"],
         m.OPTIM_S: times["optim"],

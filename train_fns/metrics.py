@@ -63,6 +63,9 @@ WINDOW_WALL_S = "window_wall_s"
 GUARD = "guard"
 """First window only: the warm-up steps' global losses and gradient norms, dropout off
 (``train_fns.guard``), compared with the baseline's by the driver."""
+MEAN_STEP_TIME_S = "mean_step_time_s"
+"""The window's mean step time on this rank (its plain steps where it has some: on CUDA the
+profiled step's syncs would weigh in); ``STEP_TIME_S`` is the median."""
 GLOBAL_STEP_TIME_S = "global_step_time_s"
 """The slowest rank's median step time of the window (all-reduced: every rank has it)."""
 NUM_NONFINITE = "num_nonfinite_steps"
@@ -102,6 +105,8 @@ SNAPSHOT_HELD_BACK = "snapshot_held_back"
 # Trial-level metrics computed by the driver from the windows.
 SAMPLES_PER_S = "samples_per_s"
 """Global samples/s: global_batch / median step time (median over windows)."""
+MEAN_SAMPLES_PER_S = "mean_samples_per_s"
+"""Global samples/s from the windows' mean steps (the slowest rank's; median over windows)."""
 TOKENS_PER_S = "tokens_per_s"
 COMM_FRACTION = "comm_fraction"
 """Exposed communication / (exposed communication + compute) of the step's fwd+bwd."""

@@ -104,15 +104,19 @@ class StepTimer:
         """The window's median step (by total; the lower middle one of an even count), timed
         plainly where there are plain steps, and the parts of its median profiled step: on
         CPU (every step profiled) that is the median step itself, so its parts add up to its
-        total, as medians taken phase by phase over different steps need not."""
+        total, as medians taken phase by phase over different steps need not. Beside it,
+        ``mean_total``: the mean of the same steps, what training pays for them (the race's
+        window figure: ``orchestrator.search.race``)."""
         if not self._steps:
             raise RuntimeError("take_window called with no finished step")
         steps, self._steps = self._steps, []
-        middle = _median_step([s for s in steps if not s["profiled"]] or steps)
+        timed = [s for s in steps if not s["profiled"]] or steps
+        middle = _median_step(timed)
         profiled = [s for s in steps if s["profiled"]]
         parts = middle if middle["profiled"] else (_median_step(profiled) if profiled else {})
         window = {key: parts.get(key, 0.0) for key in PHASES}
         window["total"] = middle["total"]
+        window["mean_total"] = statistics.fmean(s["total"] for s in timed)
         window["num_steps"] = len(steps)
         return window
 

@@ -30,12 +30,14 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
 
     A synchronous step is as slow as its slowest rank, so each window's step time
     is the maximum over ranks; throughput is the median over windows and the spread
-    is their coefficient of variation.
+    is their coefficient of variation. ``MEAN_SAMPLES_PER_S`` is the same from the windows'
+    mean steps: the race pairs windows by it (``orchestrator.search.race``).
     """
     if not windows:
         raise ValueError("no measurement window was reported")
     throughputs = window_throughputs(windows, plan.global_batch)
     median_tp = statistics.median(throughputs)
+    mean_step = statistics.median(max(w[m.MEAN_STEP_TIME_S] for w in ranks) for ranks in windows)
     cv = statistics.pstdev(throughputs) / statistics.fmean(throughputs) if len(windows) > 1 else 0.0
     parts = {
         key: statistics.median(max(w[key] for w in ranks) for ranks in windows)
@@ -45,6 +47,7 @@ def summarize(windows: list[list[dict[str, Any]]], plan: TrialPlan) -> dict[str,
     return {
         **comm_split(windows),
         m.SAMPLES_PER_S: median_tp,
+        m.MEAN_SAMPLES_PER_S: plan.global_batch / mean_step,
         m.TOKENS_PER_S: median_tp * plan.seq_len,
         m.THROUGHPUT_CV: cv,
         **parts,

@@ -5,7 +5,9 @@ Every configuration is built once (``TrialPlan.resident``) and warmed up; then, 
 round, each finalist due gets one pair: a baseline window and a window of its own, in
 alternating order (``paired.pair_order``, by the finalist's own count), each after
 ``SWITCH_STEPS`` unmeasured steps (the first step after another model ran re-touches this
-one's weights and buffers). Every finalist still in is due until it has ``MIN_PAIRS``; then
+one's weights and buffers). A window's figure is its mean step (``m.MEAN_SAMPLES_PER_S``:
+what training pays for those steps), not the median the search ranks by (``WINDOW_FIGURE``).
+Every finalist still in is due until it has ``MIN_PAIRS``; then
 only the leader (the highest lower end) is: the pairs go where a keep is nearest, not split
 among near twins (``Race._due``). After each pair its interval is updated
 (``paired.PairedRatio``); a finalist leaves the race once decided against (no gain: its
@@ -49,6 +51,14 @@ SWITCH_STEPS = 1
 (an A/A pair of single first steps by 14-17%, of adjacent steps by 12%), and windows of three
 steps that began with it paired by 9-11% against 7-8% for the three after it (2026-12-03,
 ``benchmarks/step_noise.py``)."""
+WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
+"""A window's figure in a pair: from its mean step. Over 24 rounds of A/A pairs on the 2-core
+machine (2026-12-04, ``python -m benchmarks.step_noise --rounds 24``) windows of three steps
+after the switch paired by 6.9% from their means against 7.8% from their medians, and by
+3.0-8.2% against 5.1-10.1% in three shorter runs that day: about a third fewer pairs for the
+same interval. A neighbour's burst that slows one step shows in the mean; a pair it ruins is
+left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is for
+training."""
 WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
 follows, and the correctness guard judged these configurations in the search already (its
@@ -322,7 +332,7 @@ class Race:
         """A window's outcome: recorded, and its pair judged when both windows are in."""
         slot = self.slots[index]
         done = outcome.get(m.STATE) == m.COMPLETE
-        value = outcome.get(m.SAMPLES_PER_S) if done else None
+        value = outcome.get(WINDOW_FIGURE) if done else None
         self.rows.append(self._row(slot, outcome, value))
         if not done:
             self._failed(slot.who, f"{outcome.get(m.STATE)}: {outcome.get(m.REASON)}",

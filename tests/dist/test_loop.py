@@ -18,6 +18,7 @@ EXPECTED_KEYS = {
     m.WORLD_SIZE,
     m.NUM_STEPS,
     m.STEP_TIME_S,
+    m.MEAN_STEP_TIME_S,
     m.DATA_S,
     m.FWD_BWD_S,
     m.OPTIM_S,

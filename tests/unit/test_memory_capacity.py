@@ -21,7 +21,8 @@ GiB = 2**30
 
 def _window(rank: int, peak: int, capacity: int) -> dict:
     return {
-        m.RANK: rank, m.STEP_TIME_S: 0.1, m.DATA_S: 0.001, m.FWD_BWD_S: 0.09, m.OPTIM_S: 0.009,
+        m.RANK: rank, m.STEP_TIME_S: 0.1, m.MEAN_STEP_TIME_S: 0.1, m.DATA_S: 0.001,
+        m.FWD_BWD_S: 0.09, m.OPTIM_S: 0.009,
         m.SYNC_MICRO_S: 0.09, m.NOSYNC_MICRO_S: 0.08, m.LOSS: 7.0, m.PEAK_MEM_BYTES: peak,
         m.ALLOCATED_PEAK_BYTES: peak - GiB, m.DEVICE_USED_PEAK_BYTES: peak,
         m.MEMORY_CAPACITY_BYTES: capacity, m.ENV_SEEN: {}, m.SETUP_S: {}, m.NUM_PARAMS: 10,

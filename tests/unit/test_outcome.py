@@ -27,6 +27,7 @@ def _report(rank: int, step: float, mem: int = 100) -> dict:
     return {
         m.RANK: rank,
         m.STEP_TIME_S: step,
+        m.MEAN_STEP_TIME_S: step + 0.05,  # a slow step in each window lifts the mean
         m.DATA_S: 0.01,
         m.FWD_BWD_S: step * 0.8,
         m.OPTIM_S: step * 0.1,
@@ -53,6 +54,8 @@ def test_summary_uses_slowest_rank_and_median_window() -> None:
     assert s[m.PEAK_MEM_BYTES] == 900
     assert s[m.STEP_TIME_S] == pytest.approx(0.20)
     assert set(s[m.ENV_SEEN]) == {"0", "1"}
+    # the mean steps the same way: slowest rank's 0.25, 0.30, 0.21 s; the median window 0.25 s
+    assert s[m.MEAN_SAMPLES_PER_S] == pytest.approx(16 / 0.25)
 
 
 def test_summary_splits_exposed_comm_and_reads_gpu_util() -> None:

@@ -150,7 +150,7 @@ class _Driven:
             state = m.COMPLETE
             if self.fail == (number, slot.pair):
                 state = m.OOM
-            self.race._take(index, {m.STATE: state, m.SAMPLES_PER_S: value, m.REASON: "x"})
+            self.race._take(index, {m.STATE: state, race_mod.WINDOW_FIGURE: value, m.REASON: "x"})
 
 
 def test_a_clear_gain_is_kept_after_three_pairs_despite_drift() -> None:
@@ -274,7 +274,7 @@ def _raced(
                     return [None]
                 speed = driven.speed[slot.who.record.number]
                 value = 100.0 * speed * (1 + driven.rng.gauss(0, noise))
-                take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+                take(index, {m.STATE: m.COMPLETE, race_mod.WINDOW_FIGURE: value})
             return []
 
     mp = pytest.MonkeyPatch()
@@ -358,7 +358,7 @@ class _Steady:
         for index, (plan, _env) in enumerate(source):
             number = 0 if plan.resident == "baseline" else int(plan.resident[len("trial"):])
             value = self.speeds[number] * (1.005 if index % 2 else 0.995)
-            take(index, {m.STATE: m.COMPLETE, m.SAMPLES_PER_S: value})
+            take(index, {m.STATE: m.COMPLETE, race_mod.WINDOW_FIGURE: value})
         return []
 
 

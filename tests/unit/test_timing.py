@@ -109,6 +109,19 @@ def test_on_cpu_every_step_is_profiled_and_the_window_is_its_median_step() -> No
     assert parts == pytest.approx(window["total"])
 
 
+def test_the_mean_step_is_of_the_plain_steps_and_counts_a_slow_one_the_median_ignores(
+    syncs: list[int],
+) -> None:
+    """What training pays for a window is its mean step: one slow step of three costs it."""
+    timer, _ = _timer()
+    for work_s in (0.004, 0.004, 0.022):  # totals 8, 8 and 44 ms
+        _step(timer, work_s, profiled=False)
+    _step(timer, 0.05, profiled=True)  # its syncs are not training's: left out of both
+    window = timer.take_window()
+    assert window["total"] == pytest.approx(0.008)
+    assert window["mean_total"] == pytest.approx(0.020)
+
+
 def test_the_peak_counts_the_devices_used_memory_beside_torchs(
     syncs: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
