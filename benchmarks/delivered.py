@@ -5,10 +5,11 @@ The verdict claims a ratio measured in the search's own windows. What a user get
 training run of the kept configuration, so this runs both for real, the same steps each,
 ``--rounds`` pairs (baseline then best, then best then baseline, ...: a slow drift cancels as in
 the verdict), each training run a fresh ``python -m orchestrator.train`` in its own folder. A
-run's throughput is the median samples/s of its steps after ``--skip`` (the first steps build
-buckets and caches). It prints each pair, the delivered ratio with its 95% interval (Student's t
-on the pairs' log ratios, ``orchestrator.paired``) and the verdict's line; a verdict ratio
-outside the delivered interval is a defect to find.
+run's throughput is its samples over its steps' seconds after ``--skip`` (the first steps build
+buckets and caches): what training pays, a slow step included, as in the race's mean windows.
+It prints each pair, the delivered ratio with its 95% interval (Student's t on the pairs' log
+ratios, ``orchestrator.paired``) and the verdict's line; a verdict ratio outside the delivered
+interval is a defect to find.
 
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
     python -m benchmarks.delivered runs/cpu-demo --rounds 4 --steps 40
@@ -56,13 +57,14 @@ def configs(run: Path, into: Path) -> tuple[Path, Path]:
 
 
 def train(config: Path, out: Path, steps: int, skip: int) -> float:
-    """One training run; its median samples/s after ``skip`` steps."""
+    """One training run; its samples/s after ``skip`` steps (the harmonic mean of the steps'
+    figures: their samples over their seconds, every step the same global batch)."""
     cmd = [sys.executable, "-m", "orchestrator.train", "--config", str(config), "--steps",
            str(steps), "--checkpoint-every", str(steps), "--out", str(out)]  # fmt: skip
     _run(cmd)
     with (out / PROGRESS_CSV).open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
-    return statistics.median(float(r["samples_per_s"]) for r in rows)
+    return statistics.harmonic_mean([float(r["samples_per_s"]) for r in rows])
 
 
 def quick_search(out: Path) -> None:

@@ -22,6 +22,7 @@ from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.verdict import (
     GROUP,
+    MEASURE_ON_TIMES,
     UNDECIDED,
     WINDOW,
     Measure,
@@ -137,13 +138,6 @@ def remeasure(
     return verdict_from_rows(as_text(rows), ctx.config.search.verdict_delta)
 
 
-MEASURE_ON_TIMES = 2
-"""Times a race may be measured on (``--resume``), each with its pair budget again: every pair
-is one more look at the interval, so the looks are bounded (``benchmarks.race_focus
---resumes 2``, pairs scattering by 6%, δ 2%: twins of the baseline kept in 1% of races, none
-without a resume; twins at 1 + δ in 17%, 8% without; finalists 4% faster in 69%, 28% without)."""
-
-
 def measure_on(
     ctx: TrialContext, baseline: TrialRecord, recs: list[TrialRecord], out: Path,
     deadline: float | None = None,
@@ -153,8 +147,8 @@ def measure_on(
     resumed search whose trials are all done spends its time where the answer is, not on a new
     search. Each pair's two windows come from one worker group, side by side, so drift between
     invocations cancels as drift between rounds does. The δ on record judges the new pairs too
-    (a δ is chosen before the pairs are seen), and a race is measured on ``MEASURE_ON_TIMES``
-    times at most."""
+    (a δ is chosen before the pairs are seen), and a race is measured on
+    ``verdict.MEASURE_ON_TIMES`` times at most (remeasure.csv's ``race`` counts them)."""
     path = out / REMEASURE_CSV
     rows = read_csv(path) if path.is_file() else []
     if not rows:
@@ -169,8 +163,7 @@ def measure_on(
     raced = sorted({int(k) for k in found} | _warmed_up(rows))
     open_ = [n for n in raced if all(c.number != n or c.decision == UNDECIDED
                                      for c in verdict.comparisons)]  # fmt: skip
-    why = _stands(verdict, open_, sum(len(r) for r, _ in found.values()),
-                  ctx.config.search.verdict_pairs * len(raced), deadline)  # fmt: skip
+    why = _stands(verdict, open_, deadline)
     if why:
         print(f"resume: the verdict on record stands ({why}): {verdict.line()}", flush=True)
         return verdict
@@ -204,9 +197,7 @@ def _warmed_up(rows: list[dict[str, str]]) -> set[int]:
     return out
 
 
-def _stands(
-    verdict: Verdict, open_: list[int], pairs: int, limit: int, deadline: float | None
-) -> str:
+def _stands(verdict: Verdict, open_: list[int], deadline: float | None) -> str:
     """Why the verdict on record is not measured on ("": it is)."""
     if verdict.chosen is not None:
         return "decided"
@@ -214,9 +205,8 @@ def _stands(
         if verdict.too_noisy:
             return "its undecided finalists ran in paired runs, which are not measured on"
         return "decided" if verdict.comparisons else "no finalist raced in paired windows"
-    if pairs >= (1 + MEASURE_ON_TIMES) * limit:
-        return (f"{pairs} pairs, the race's budget {1 + MEASURE_ON_TIMES} times over: measured "
-                f"on {MEASURE_ON_TIMES} times already")  # fmt: skip
+    if verdict.measured_on >= MEASURE_ON_TIMES:
+        return f"measured on {verdict.measured_on} times already, the most a race is"
     if deadline is not None and time.time() > deadline:
         return "the time budget is spent"
     return ""
@@ -231,7 +221,7 @@ def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
           "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
-          "delta", "floor", "reference"]  # fmt: skip
+          "delta", "floor", "reference", "race"]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
 
 

@@ -41,7 +41,7 @@ from orchestrator.paired import (
 from orchestrator.search.group_run import GroupRun
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
-from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide
+from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -152,6 +152,8 @@ class Race:
         """Finalists the budget is given for: all, or those the pairs on record left in."""
         self.first_attempt = 0
         """The number of the race's first worker group (after those on record)."""
+        self.race = 0
+        """0, then 1, ... each time the race on record is measured on (``carry``)."""
 
     def carry(self, rows: list[dict[str, str]]) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
@@ -171,6 +173,7 @@ class Race:
         self.position = 1 + max((_whole(r.get("position")) for r in rows), default=-1)
         self.first_attempt = 1 + max((_whole(r.get("attempt") or "0") for r in paired), default=-1)
         self.attempt = self.first_attempt
+        self.race = 1 + measured_on(rows)
         self._judge_round()
         self.racing = len(self._alive())
 
@@ -392,7 +395,7 @@ class Race:
             "against": "" if slot.against is None else slot.against.record.number,
             "attempt": self.attempt, "floor": self.floor,
             "reference": self.base.record.value or "",
-            "delta": self.delta,
+            "delta": self.delta, "race": self.race,
         }  # fmt: skip
 
 

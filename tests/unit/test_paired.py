@@ -441,12 +441,21 @@ def test_what_a_resume_leaves_alone_and_what_it_measures_on(tmp_path, capsys) ->
     verdict, _ = _measure_on(tmp_path, grouped)
     assert verdict.too_noisy and _Steady.made == 0 and "--resume" not in verdict.line()
     assert "ran in paired runs, which are not measured on" in capsys.readouterr().out
-    many = [_row(2 * k + j, n, role, 100.0 * (1.03 + 0.09 * (-1) ** k) if j else 100.0, k, 5)
-            for k in range(3 * 4) for j, (n, role) in enumerate([(0, "baseline"),
+    once = [{**_row(2 * k + j, n, role, 100.0 * (1.03 + 0.09 * (-1) ** k) if j else 100.0, k,
+                    5), "race": str(k // 4)}
+            for k in range(2 * 4) for j, (n, role) in enumerate([(0, "baseline"),
                                                                  (5, "finalist")])]  # fmt: skip
-    verdict, _ = _measure_on(tmp_path, many)
-    assert verdict.too_noisy and _Steady.made == 0 and "--resume" in verdict.line()
-    assert "measured on 2 times already" in capsys.readouterr().out
+    assert "--resume" in verdict_from_rows(once).line()  # measured on once: once more
+    _Steady.speeds = {0: 100.0, 5: 103.0}
+    try:  # the second measuring on, its pairs at 1.03x ± 0.5%: still undecided at its end
+        verdict, rows = _measure_on(tmp_path, once)
+    finally:
+        _Steady.speeds = {0: 100.0, 5: 110.0}
+    assert _Steady.made == 1 and {r["race"] for r in rows[len(once):]} == {"2"}
+    assert verdict.too_noisy and verdict.measured_on == 2 and "--resume" not in verdict.line()
+    verdict, _ = _measure_on(tmp_path, rows)
+    assert verdict.too_noisy and _Steady.made == 0 and "--resume" not in verdict.line()
+    assert "measured on 2 times already, the most a race is" in capsys.readouterr().out
 
 
 def test_no_finalist_when_only_the_baseline_completed() -> None:
