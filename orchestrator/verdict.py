@@ -214,8 +214,10 @@ class Verdict:
         """``--resume`` would race the undecided on: a window race, not yet measured on
         ``MEASURE_ON_TIMES`` times (``search.finalists.measure_on``)."""
         undecided = [c for c in self.comparisons if c.decision == UNDECIDED]
-        return bool(undecided) and undecided[0].pairing == WINDOW and (
-            self.measured_on < MEASURE_ON_TIMES
+        return (
+            bool(undecided)
+            and undecided[0].pairing == WINDOW
+            and self.measured_on < MEASURE_ON_TIMES
         )
 
     @property
@@ -382,10 +384,20 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
 
 
 def measured_on(rows: list[dict[str, str]]) -> int:
-    """Times the window race in remeasure.csv's ``rows`` was measured on: its highest ``race``
-    (0: the first race; a blank or hand-edited value counts as 0)."""
-    races = [r.get("race") or "" for r in rows if r.get("pairing") == WINDOW]
-    return max((int(v) for v in races if v.isdigit()), default=0)
+    """Times the window race in remeasure.csv's ``rows`` was measured on: the highest ``race``
+    of a pair's window (a measuring on that ended before a pair took no look; a blank or
+    hand-edited value counts as 0). A file written before the column counts its worker groups
+    after the first (``attempt``): a measuring on took one each, a hang took one too, so the
+    count errs towards fewer looks, never more."""
+    paired = [r for r in rows if r.get("pairing") == WINDOW and (r.get("pair") or "").strip()]
+    column = "race" if any("race" in r for r in rows) else "attempt"
+    return max((_count(r.get(column)) for r in paired), default=0)
+
+
+def _count(value: str | None) -> int:
+    """A small whole number as remeasure.csv holds it; 0 for anything else."""
+    text = (value or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
 
 
 def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:

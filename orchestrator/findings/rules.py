@@ -344,6 +344,12 @@ def _noisy_claims(record: RunRecord) -> list[str]:
     return out
 
 
+MEASURE_ON_FIX = (
+    "measure the undecided verdict on from its pairs (the search command again with --resume); "
+)
+"""Offered while the race on record can be measured on (``Verdict.can_measure_on``)."""
+
+
 def rule_measurement_noise(record: RunRecord) -> Finding | None:
     """Noise decides verdicts: the baseline's spread, disturbed runs, a verdict too noisy to
     decide, gains claimed inside a trial's own window spread."""
@@ -367,9 +373,9 @@ def rule_measurement_noise(record: RunRecord) -> Finding | None:
         "medium" if best_noisy or (verdict and verdict.too_noisy) else "info",
         "measurement noise is as large as the gains being judged",
         "; ".join(evidence),
-        "quiet the machine during the search (no other jobs on its cores or GPUs); measure "
-        "an undecided verdict on from its pairs (the search command again with --resume); give "
-        f"the verdict more pairs (search.verdict_pairs) or accept only larger gains "
+        "quiet the machine during the search (no other jobs on its cores or GPUs); "
+        + (MEASURE_ON_FIX if verdict and verdict.can_measure_on else "")
+        + f"give the verdict more pairs (search.verdict_pairs) or accept only larger gains "
         f"(search.verdict_delta, now {delta * 100:g}%); measure trials longer (search.windows, "
         "search.measure_steps)",
         max(spread / NOISY_SPREAD, float(len(claims)), 1.0),

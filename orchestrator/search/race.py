@@ -89,7 +89,8 @@ class Entrant:
     floor: float = 0.0
     """The noise floor of its interval (``paired.noise_floor``)."""
     reference: float = 0.0
-    """The baseline's search figure: its slow windows are disturbed (``paired.SLOW_WINDOW``)."""
+    """The baseline's search figure (``Race.reference``): its slow windows are disturbed
+    (``paired.SLOW_WINDOW``)."""
 
     @property
     def measured(self) -> int:
@@ -128,8 +129,11 @@ class Race:
         self.base = self._entrant(baseline, BASELINE)
         self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
         self.floor = floor
+        self.reference = baseline.attrs.get(WINDOW_FIGURE) or baseline.value or 0.0
+        """The baseline's search figure as a window's is taken (its mean steps; a study
+        recorded before there were any: its median), for ``paired.SLOW_WINDOW``."""
         for entrant in self.entrants:
-            entrant.floor, entrant.reference = floor, baseline.value or 0.0
+            entrant.floor, entrant.reference = floor, self.reference
         self.slots: list[Slot] = []
         self.rows: list[dict[str, Any]] = []
         self.ended: str | None = None
@@ -394,7 +398,7 @@ class Race:
             "pair": "" if slot.pair is None else slot.pair,
             "against": "" if slot.against is None else slot.against.record.number,
             "attempt": self.attempt, "floor": self.floor,
-            "reference": self.base.record.value or "",
+            "reference": self.reference or "",
             "delta": self.delta, "race": self.race,
         }  # fmt: skip
 

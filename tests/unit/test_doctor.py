@@ -329,6 +329,20 @@ def test_noise_names_the_disturbed_run_and_gains_inside_window_cv() -> None:
     finding = rules.rule_measurement_noise(claim)
     assert "trial 1 claims +10% with window cv 15%" in finding.evidence
     assert finding.severity == "medium" and "search.windows" in finding.fix
+    assert "--resume" not in finding.fix  # paired runs are not measured on
+
+
+@pytest.mark.parametrize(("race", "offered"), [("0", True), ("1", True), ("2", False)])
+def test_the_noise_fix_offers_measuring_on_while_the_race_may_be(race: str, offered: bool) -> None:
+    """An undecided window race: ``--resume`` is offered until it was measured on twice."""
+    rows = [{"position": str(2 * k + j), "trial": str(n), "role": role, "state": "complete",
+             "samples_per_s": str(100.0 * (1.03 + 0.09 * (-1) ** k) if j else 100.0),
+             "pairing": "window", "pair": str(k), "against": "5", "delta": "0.02",
+             "race": race} for k in range(4) for j, (n, role) in enumerate(
+                 [(0, "baseline"), (5, "finalist")])]  # fmt: skip
+    finding = rules.rule_measurement_noise(mutate(healthy(), remeasure=rows))
+    assert "too noisy to decide" in finding.evidence
+    assert ("--resume" in finding.fix) is offered
 
 
 def test_corrupt_configurations_come_first() -> None:

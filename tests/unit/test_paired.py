@@ -15,7 +15,15 @@ from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order, ratios_from_
 from orchestrator.search import race as race_mod
 from orchestrator.search.finalists import as_text
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide, verdict_from_rows
+from orchestrator.verdict import (
+    KEEP,
+    NO_GAIN,
+    SLOWER,
+    UNDECIDED,
+    decide,
+    measured_on,
+    verdict_from_rows,
+)
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -476,6 +484,43 @@ def test_a_hand_edited_remeasure_csv_is_read_without_raising() -> None:
               "samples_per_s": "1", "windows": "nan"}]  # fmt: skip
     verdict = verdict_from_rows(rows)
     assert verdict.chosen is None and verdict.line()
+    for race in ("abc", "-1", "²", "①", "9" * 5000, " 1 ", ""):
+        assert measured_on([{**r, "race": race} for r in rows]) == (1 if race == " 1 " else 0)
+
+
+@pytest.mark.parametrize(("attrs", "reference"), [
+    ({m.SAMPLES_PER_S: 100.0, m.MEAN_SAMPLES_PER_S: 92.0}, 92.0),
+    ({m.SAMPLES_PER_S: 100.0}, 100.0),  # a study recorded before the mean figure
+])  # fmt: skip
+def test_slow_baseline_windows_are_judged_against_the_figure_they_are_taken_as(
+    monkeypatch: pytest.MonkeyPatch, attrs: dict[str, float], reference: float
+) -> None:
+    """A race window is a mean step: the baseline's search figure it is judged against
+    (``paired.SLOW_WINDOW``) is its mean-step figure too, where the study has one."""
+    plan = TrialPlan(model="x", task=None, seq_len=8, global_batch=4, world_size=2,
+                     accumulation_steps=1, micro_batch=2)  # fmt: skip
+    search = SimpleNamespace(verdict_delta=0.02, verdict_pairs=4, measure_steps=9, windows=3)
+    monkeypatch.setattr(race_mod, "derive_plan", lambda ctx, params: (plan, {}))
+    ctx = SimpleNamespace(config=SimpleNamespace(search=search))
+    finalist = TrialRecord(5, m.COMPLETE, "", {"n": 5}, {})
+    race = race_mod.Race(ctx, TrialRecord(0, m.COMPLETE, "", {}, attrs), [finalist],
+                         say=lambda _: None)  # fmt: skip
+    race._schedule().__next__()
+    race._take(0, {m.STATE: m.COMPLETE, race_mod.WINDOW_FIGURE: 90.0})
+    assert race.entrants[0].reference == reference == float(as_text(race.rows)[0]["reference"])
+
+
+def test_the_looks_counted_are_those_that_paired() -> None:
+    """A measuring on counts once it paired a window: one whose time ran out in its warm-ups
+    took no look. A file from before the race column counts its later worker groups instead
+    (a hang's as well: never fewer looks than were taken)."""
+    first = [{**_row(k, n, role, 100.0, 0, 5), "race": "0"}
+             for k, (n, role) in enumerate([(0, "baseline"), (5, "finalist")])]  # fmt: skip
+    warmed = [{**_row(2, 0, "baseline", 100.0, "", ""), "race": "1"}]
+    assert measured_on(first + warmed) == 0
+    assert measured_on(first + [{**r, "race": "1"} for r in first]) == 1
+    legacy = [{k: v for k, v in r.items() if k != "race"} | {"attempt": "2"} for r in first]
+    assert measured_on(legacy) == 2
 
 
 
