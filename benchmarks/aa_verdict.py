@@ -134,8 +134,8 @@ def calibrate(ctx: TrialContext, base: TrialRecord, trials: int) -> tuple[TrialR
     found = measure_plans(ctx, [plan] * trials, "calibration")
     if any(o.get(m.STATE) != m.COMPLETE for o in found):
         raise SystemExit(f"the calibration trials did not complete: {found}")
-    measured = TrialRecord(base.number, m.COMPLETE, "", base.params,
-                           {m.SAMPLES_PER_S: found[0][m.SAMPLES_PER_S]})  # fmt: skip
+    figures = {k: found[0][k] for k in (m.SAMPLES_PER_S, m.MEAN_SAMPLES_PER_S)}
+    measured = TrialRecord(base.number, m.COMPLETE, "", base.params, figures)
     return measured, noise_floor([o[m.THROUGHPUT_CV] for o in found], ctx.config.search.windows)
 
 
