@@ -391,13 +391,16 @@ def measured_on(rows: list[dict[str, str]]) -> int:
     count errs towards fewer looks, never more."""
     paired = [r for r in rows if r.get("pairing") == WINDOW and (r.get("pair") or "").strip()]
     column = "race" if any("race" in r for r in rows) else "attempt"
-    return max((_count(r.get(column)) for r in paired), default=0)
+    return max((max(whole(r.get(column)), 0) for r in paired), default=0)
 
 
-def _count(value: str | None) -> int:
-    """A small whole number as remeasure.csv holds it; 0 for anything else."""
-    text = (value or "").strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
+def whole(value: str | None) -> int:
+    """A remeasure.csv position, pair, attempt or race as a whole number (-1: none, or not one:
+    a hand-edited word, or more digits than ``int`` converts)."""
+    try:
+        return int(value or -1)
+    except ValueError:
+        return -1
 
 
 def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:

@@ -41,7 +41,7 @@ from orchestrator.paired import (
 from orchestrator.search.group_run import GroupRun
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
-from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on
+from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on, whole
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
@@ -173,9 +173,9 @@ class Race:
         self.carried = self.spent()
         paired = [r for r in rows if r.get("pairing") == WINDOW]
         counts = max((e.measured for e in self.entrants), default=0)  # its own keys run to it
-        self.next_pair = max([counts, *(1 + _whole(r.get("pair")) for r in paired)])
-        self.position = 1 + max((_whole(r.get("position")) for r in rows), default=-1)
-        self.first_attempt = 1 + max((_whole(r.get("attempt") or "0") for r in paired), default=-1)
+        self.next_pair = max([counts, *(1 + whole(r.get("pair")) for r in paired)])
+        self.position = 1 + max((whole(r.get("position")) for r in rows), default=-1)
+        self.first_attempt = 1 + max((whole(r.get("attempt") or "0") for r in paired), default=-1)
         self.attempt = self.first_attempt
         self.race = 1 + measured_on(rows)
         self._judge_round()
@@ -401,11 +401,3 @@ class Race:
             "reference": self.reference or "",
             "delta": self.delta, "race": self.race,
         }  # fmt: skip
-
-
-def _whole(value: str | None) -> int:
-    """A remeasure.csv position, pair or attempt as a whole number (-1: none, or not one)."""
-    try:
-        return int(value or -1)
-    except ValueError:
-        return -1
