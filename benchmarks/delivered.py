@@ -1,18 +1,22 @@
-"""The gain training gets: after a search, ``orchestrator.train`` with best.yaml and with the
-baseline, in turns, beside the verdict's ratio.
+"""The gain training gets: after a search, ``orchestrator.train`` with the verdict's finalist and
+with the baseline, in turns, beside the verdict's ratio.
 
 The verdict claims a ratio measured in the search's own windows. What a user gets is a
 training run of the kept configuration, so this runs both for real, the same steps each,
-``--rounds`` pairs (baseline then best, then best then baseline, ...: a slow drift cancels as in
-the verdict), each training run a fresh ``python -m orchestrator.train`` in its own folder. A
-run's throughput is its samples over its steps' seconds after ``--skip`` (the first steps build
-buckets and caches): what training pays, a slow step included, as in the race's mean windows.
-It prints each pair, the delivered ratio with its 95% interval (Student's t on the pairs' log
-ratios, ``orchestrator.paired``) and the verdict's line; a verdict ratio outside the delivered
-interval is a defect to find.
+``--rounds`` pairs (baseline then finalist, then finalist then baseline, ...: a slow drift
+cancels as in the verdict), each training run a fresh ``python -m orchestrator.train`` in its
+own folder. The finalist is the verdict's leader (the highest lower end; ``--trial`` names
+another): best.yaml as written where the verdict kept it, else the trial as the search ran it
+(best.yaml's workload and cluster, the trial's knobs and variables from trials.csv), so a "no
+gain" or "too noisy" verdict is checked against training too. A run's throughput is its
+samples over its steps' seconds after ``--skip`` (the first steps build buckets and caches):
+what training pays, a slow step included, as in the race's mean windows. It prints each pair,
+the delivered ratio with its 95% interval (Student's t on the pairs' log ratios,
+``orchestrator.paired``) and the verdict's line; a verdict ratio outside the delivered interval
+is a defect to find.
 
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
-    python -m benchmarks.delivered runs/cpu-demo --rounds 4 --steps 40
+    python -m benchmarks.delivered runs/cpu-demo --rounds 4 --steps 40 --trial 3
     python -m benchmarks.delivered --quick                         # a smoke search first
 """
 
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,28 +37,40 @@ from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.paired import PairedRatio, pair_order
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV
 from orchestrator.verdict import Verdict, verdict_from_rows
+from search_spaces import is_env_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def configs(run: Path, into: Path) -> tuple[Path, Path]:
-    """best.yaml as written, and the baseline: the same config with trial 0's knobs (its
-    strategy and the values its columns in trials.csv hold) and no searched variables."""
+def trial_config(best: dict[str, Any], row: dict[str, str]) -> dict[str, Any]:
+    """A complete config that runs one trial as the search ran it: best.yaml's workload and
+    cluster, the trial's strategy and knobs (its trials.csv columns; an empty one is a knob
+    that trial left at its default), and its searched variables in place of best.yaml's."""
+    values = {k: yaml.safe_load(v) for k, v in row.items() if v not in ("", None)}
+    knobs = {k: v for k, v in values.items() if k in TUNED_KNOBS and k != "strategy"}
+    fixed = {k: v for k, v in (best.get("tuned") or {}).items() if k not in row}
+    env = {k: v for k, v in (best.get("env") or {}).items() if k not in row}
+    env.update({k: v for k, v in values.items() if is_env_name(k)})  # checked as train loads it
+    strategy = values.get("strategy") or best["strategy"]
+    return {**best, "strategy": strategy, "tuned": {**fixed, **knobs}, "env": env}
+
+
+def configs(run: Path, verdict: Verdict, trial: int | None, into: Path) -> tuple[Path, Path, int]:
+    """The finalist's config and the baseline's (trial 0's), written into ``into``, and the
+    finalist's trial number: ``trial``, else the verdict's leader."""
+    number = verdict.comparisons[0].number if trial is None else trial
     best = yaml.safe_load((run / BEST_YAML).read_text())
     with (run / TRIALS_CSV).open() as f:
-        trial0 = next(r for r in csv.DictReader(f) if r["number"] == "0")
-    knobs = {k: yaml.safe_load(v) for k, v in trial0.items()
-             if k in TUNED_KNOBS and k != "strategy" and v != ""}  # fmt: skip
-    baseline = {
-        **best,
-        "strategy": trial0.get("strategy") or best["strategy"],
-        "tuned": knobs,
-        "env": {k: v for k, v in (best.get("env") or {}).items() if k not in trial0},
-    }
-    paths = into / "kept-config.yaml", into / "baseline-config.yaml"
-    paths[0].write_text(yaml.safe_dump(best))
-    paths[1].write_text(yaml.safe_dump(baseline))
-    return paths
+        rows = {r["number"]: r for r in csv.DictReader(f)}
+    if str(number) not in rows or "0" not in rows:
+        raise SystemExit(f"{run / TRIALS_CSV} has no row for trial {number} or the baseline "
+                         f"(trial 0): name a trial it holds with --trial")  # fmt: skip
+    kept = verdict.chosen is not None and verdict.chosen.number == number
+    finalist = best if kept else trial_config(best, rows[str(number)])
+    paths = into / f"trial{number}-config.yaml", into / "baseline-config.yaml"
+    paths[0].write_text(yaml.safe_dump(finalist))
+    paths[1].write_text(yaml.safe_dump(trial_config(best, rows["0"])))
+    return paths[0], paths[1], number
 
 
 def train(config: Path, out: Path, steps: int, skip: int) -> float:
@@ -100,9 +117,11 @@ def read_verdict(run: Path) -> Verdict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="?", help=f"a search's run folder ({BEST_YAML}, {TRIALS_CSV})")
-    ap.add_argument("--rounds", type=int, default=3, help="baseline/best pairs")
+    ap.add_argument("--rounds", type=int, default=3, help="baseline/finalist pairs")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per training run")
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of a run's figure")
+    ap.add_argument("--trial", type=int, help="the trial to train beside the baseline (default: "
+                    "the verdict's leader, kept or not)")  # fmt: skip
     quick = "a smoke search (2 trials, a 3-pair race), then 2 pairs of 12 steps (the tests')"
     ap.add_argument("--quick", action="store_true", help=quick)
     args = ap.parse_args(argv)
@@ -114,25 +133,36 @@ def main(argv: list[str] | None = None) -> None:
         if not args.run:
             ap.error("name a search's run folder (or --quick)")
         run = Path(args.run)
-        verdict = read_verdict(run)
-        best, baseline = configs(run, work)
+        verdict = read_verdict(run)  # before any training run: a run without one says so
+        if not verdict.comparisons and args.trial is None:
+            raise SystemExit(f"{run / REMEASURE_CSV} holds no finalist's comparison: name a "
+                             "trial to train beside the baseline with --trial")  # fmt: skip
+        finalist, baseline, number = configs(run, verdict, args.trial, work)
         ratios = []
         for k in range(args.rounds):
             got = {}
             for role in pair_order(k):
-                path = baseline if role == "baseline" else best
+                path = baseline if role == "baseline" else finalist
                 got[role] = train(path, work / f"{role}{k}", args.steps, args.skip)
             ratios.append(got["finalist"] / got["baseline"])
-            print(f"pair {k + 1}: best {got['finalist']:.2f} vs baseline {got['baseline']:.2f} "
-                  f"samples/s = {ratios[-1]:.3f}", flush=True)  # fmt: skip
+            print(f"pair {k + 1}: trial {number} {got['finalist']:.2f} vs baseline "
+                  f"{got['baseline']:.2f} samples/s = {ratios[-1]:.3f}", flush=True)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
     print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
           f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
     print(f"verdict:   {verdict.line()}")
-    claimed = verdict.chosen.ratio if verdict.chosen else 1.0
+    print(judged(verdict, number, paired))
+
+
+def judged(verdict: Verdict, number: int, paired: PairedRatio) -> str:
+    """The verdict's ratio for trial ``number`` against the delivered interval."""
+    claimed = next((c.ratio for c in verdict.comparisons if c.number == number), None)
+    if claimed is None:
+        return f"the verdict compared no trial {number} with the baseline: nothing to check"
     inside = paired.low <= claimed <= paired.high
-    print(f"the verdict's ratio {claimed:.3f} is {'inside' if inside else 'OUTSIDE'} the "
-          "delivered interval" + ("" if inside else ": a defect to find"))
+    return (f"the verdict's ratio {claimed:.3f} for trial {number} is "
+            f"{'inside' if inside else 'OUTSIDE'} the delivered interval"
+            + ("" if inside else ": a defect to find"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ SLOW = {
     "verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
     "unused_cost": r"on / off: median [0-9.]+ \(range [0-9.]+-[0-9.]+ over 2 paired runs\)",
     "aa_verdict": r"quiet: 3 decisions: .*\nfalse keeps: \d of 3 decisions \(\d+%\) at δ 2%",
-    "delivered": (r"pair 2: best [0-9.]+ vs baseline [0-9.]+ samples/s = [0-9.]+\n"
+    "delivered": (r"pair 2: trial \d+ [0-9.]+ vs baseline [0-9.]+ samples/s = [0-9.]+\n"
                   r"delivered: [0-9.]+x \(interval [0-9.]+-[0-9.]+ from 2 pairs of 12-step"
-                  r"[\s\S]*the verdict's ratio [0-9.]+ is (inside|OUTSIDE)"),
+                  r"[\s\S]*the verdict's ratio [0-9.]+ for trial \d+ is (inside|OUTSIDE)"),
 }
 """Script -> what its quick output must hold (real searches, or a warm group of spawned ranks:
 half a minute to a few minutes each)."""
