@@ -3,9 +3,9 @@ measured window by window side by side until each is decided (a race).
 
 Every configuration is built once (``TrialPlan.resident``) and warmed up; then, round after
 round, each finalist due gets one pair: a baseline window and a window of its own, in
-alternating order (``paired.pair_order``, by the finalist's own count), each after
-``SWITCH_STEPS`` unmeasured steps (the first step after another model ran re-touches this
-one's weights and buffers). A window's figure is its mean step (``m.MEAN_SAMPLES_PER_S``:
+alternating order (``paired.pair_order``, by the finalist's own count), each of the
+search's window and one step more, the first step after the switch counted in it
+(``SWITCH_STEPS``). A window's figure is its mean step (``m.MEAN_SAMPLES_PER_S``:
 what training pays for those steps), not the median the search ranks by (``WINDOW_FIGURE``).
 Every finalist still in is due until it has ``MIN_PAIRS``; then
 only the leader (the highest lower end) is: the pairs go where a keep is nearest, not split
@@ -45,12 +45,16 @@ from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on, w
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
-SWITCH_STEPS = 1
-"""Unmeasured steps before every window (each follows another configuration's window). Not
-0: on the 2-core machine the first step after a switch scattered twice as much as the others
-(an A/A pair of single first steps by 14-17%, of adjacent steps by 12%), and windows of three
-steps that began with it paired by 9-11% against 7-8% for the three after it (2026-12-03,
-``benchmarks/step_noise.py``)."""
+SWITCH_STEPS = 0
+"""Unmeasured steps before every window (each follows another configuration's window): none,
+the step after the switch counts in its window, which is one step longer than the search's
+(``Race.steps``), so a pair costs the steps it did when that step ran unmeasured. Side by side
+in one run (``python -m benchmarks.step_noise --rounds 24``, 2026-12-04), A/A pairs of whole
+four-step visits paired by 7.3% and 8.1% (accumulation 1 vs 1, 1 vs 4) against 7.9% and 9.4%
+for the three steps after the switch: 15-25% fewer pairs for one interval. The switch step
+there scattered as the others did (10-12% a single pair, each position's mean within 1%);
+on 2026-12-03, with windows judged by their median step, windows that began with it had
+paired worse (9-11% against 7-8%), which is why it ran unmeasured before."""
 WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
 """A window's figure in a pair: from its mean step. Over 24 rounds of A/A pairs on the 2-core
 machine (2026-12-04, ``python -m benchmarks.step_noise --rounds 24``) windows of three steps
@@ -125,7 +129,9 @@ class Race:
         search = ctx.config.search
         self.ctx, self.say = ctx, say
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
-        self.steps = max(1, search.measure_steps // search.windows)
+        self.steps = max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS
+        """A window's measured steps: a visit is the search's window and one step more, the
+        switch step counted in it unless ``SWITCH_STEPS`` leaves it out."""
         self.base = self._entrant(baseline, BASELINE)
         self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
         self.floor = floor
@@ -194,9 +200,11 @@ class Race:
         most = f"at most {self.budget} pairs"
         if self.carried:
             most = f"{self.carried} pairs on record, at most {self.budget - self.carried} more"
+        switch = f"after {SWITCH_STEPS} unmeasured" if SWITCH_STEPS else "the switch step counted"
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
-            f"{self.steps} steps each, B c then c B), until decided at δ {self.delta * 100:g}% "
+            f"{self.steps} steps each, {switch}, B c then c B), until decided at δ "
+            f"{self.delta * 100:g}% "
             f"({most}{self._sharing()})"
         )
         for attempt in range(self.first_attempt, self.first_attempt + GROUPS):
