@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decisions", type=int, default=20)
     ap.add_argument("--busy-every", type=int, default=2, help="0: never busy")
     ap.add_argument("--switch-steps", type=int, default=race_mod.SWITCH_STEPS,
-                    help="unmeasured steps before each window (what the race runs: %(default)s)")
+                    help="unmeasured steps before each window, taken from its steps: a visit "
+                         "stays the search's window and one step (what the race runs: "
+                         "%(default)s)")
     ap.add_argument("--calibration-trials", type=int, default=8,
                     help="trials of the baseline the noise floor is measured from, as a search's "
                          "completed trials (default %(default)s; at least 2)")

@@ -35,42 +35,74 @@ import yaml
 
 from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.paired import PairedRatio, pair_order
-from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV
+from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
 from orchestrator.verdict import Verdict, verdict_from_rows
 from search_spaces import is_env_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def trial_config(best: dict[str, Any], row: dict[str, str]) -> dict[str, Any]:
-    """A complete config that runs one trial as the search ran it: best.yaml's workload and
-    cluster, the trial's strategy and knobs (its trials.csv columns; an empty one is a knob
-    that trial left at its default), and its searched variables in place of best.yaml's."""
-    values = {k: yaml.safe_load(v) for k, v in row.items() if v not in ("", None)}
-    knobs = {k: v for k, v in values.items() if k in TUNED_KNOBS and k != "strategy"}
-    fixed = {k: v for k, v in (best.get("tuned") or {}).items() if k not in row}
-    env = {k: v for k, v in (best.get("env") or {}).items() if k not in row}
-    env.update({k: v for k, v in values.items() if is_env_name(k)})  # checked as train loads it
-    strategy = values.get("strategy") or best["strategy"]
-    return {**best, "strategy": strategy, "tuned": {**fixed, **knobs}, "env": env}
+def searched(row: dict[str, str]) -> dict[str, str]:
+    """A trials.csv row's searched cells as written, those the trial set: its knobs and its
+    variables (not its figures or its reason)."""
+    return {k: v for k, v in row.items() if isinstance(k, str) and isinstance(v, str)
+            and v != "" and (k in TUNED_KNOBS or is_env_name(k))}  # fmt: skip
+
+
+def started_from(best: dict[str, Any], kept: dict[str, str], base: dict[str, str]) -> dict:
+    """The config the search started from: best.yaml less what its trial (``kept``, trials.csv
+    row) searched. A variable at the baseline's value (trial 0: every searched variable at its
+    default, none exported) was the user's own, not the search's; ``sizes`` (a world-sizes
+    search's entries) go: they hold best.yaml's configurations, not another trial's."""
+    mine, theirs = searched(kept), searched(base)
+    tuned = {k: v for k, v in (best.get("tuned") or {}).items() if k not in mine}
+    env = {k: v for k, v in (best.get("env") or {}).items()
+           if k not in mine or mine[k] == theirs.get(k)}  # fmt: skip
+    return {**best, "tuned": tuned, "env": env, "sizes": {}}
+
+
+def trial_config(start: dict[str, Any], row: dict[str, str], base: dict[str, str]) -> dict:
+    """A complete config that runs one trial as the search ran it (``derive_plan``): the
+    config it started from (``started_from``) with the trial's strategy and knobs, and the
+    variables it set away from the baseline's (``base``, trial 0's row) as strings."""
+    mine, theirs = searched(row), searched(base)
+    knobs = {k: yaml.safe_load(v) for k, v in mine.items() if k in TUNED_KNOBS}
+    strategy = knobs.pop("strategy", start["strategy"])
+    env = {**(start.get("env") or {}),
+           **{k: v for k, v in mine.items() if is_env_name(k) and v != theirs.get(k)}}
+    return {**start, "strategy": strategy, "tuned": {**(start.get("tuned") or {}), **knobs},
+            "env": env}  # fmt: skip
 
 
 def configs(run: Path, verdict: Verdict, trial: int | None, into: Path) -> tuple[Path, Path, int]:
     """The finalist's config and the baseline's (trial 0's), written into ``into``, and the
-    finalist's trial number: ``trial``, else the verdict's leader."""
+    finalist's trial number: ``trial``, else the verdict's leader. The kept one runs from
+    best.yaml as written, any other from its trials.csv row."""
     number = verdict.comparisons[0].number if trial is None else trial
     best = yaml.safe_load((run / BEST_YAML).read_text())
     with (run / TRIALS_CSV).open() as f:
         rows = {r["number"]: r for r in csv.DictReader(f)}
-    if str(number) not in rows or "0" not in rows:
-        raise SystemExit(f"{run / TRIALS_CSV} has no row for trial {number} or the baseline "
-                         f"(trial 0): name a trial it holds with --trial")  # fmt: skip
-    kept = verdict.chosen is not None and verdict.chosen.number == number
-    finalist = best if kept else trial_config(best, rows[str(number)])
+    mine, base = (complete_row(rows, n, run / TRIALS_CSV) for n in (number, 0))
+    written = collect([run]).best_number
+    start = started_from(best, rows.get(str(written)) or base, base)
+    kept = verdict.chosen is not None and verdict.chosen.number == number == written
     paths = into / f"trial{number}-config.yaml", into / "baseline-config.yaml"
-    paths[0].write_text(yaml.safe_dump(finalist))
-    paths[1].write_text(yaml.safe_dump(trial_config(best, rows["0"])))
+    paths[0].write_text(yaml.safe_dump(best if kept else trial_config(start, mine, base)))
+    paths[1].write_text(yaml.safe_dump(trial_config(start, base, base)))
     return paths[0], paths[1], number
+
+
+def complete_row(rows: dict[str, dict[str, str]], number: int, path: Path) -> dict[str, str]:
+    """Trial ``number``'s row, refused before any training run unless it completed: one that
+    failed or was pruned has no figure to compare, and a trial that never ran has no knobs."""
+    row = rows.get(str(number))
+    if row is None:
+        raise SystemExit(f"{path} has no row for trial {number}: name one it holds with --trial")
+    if row.get("state") != "complete":
+        raise SystemExit(f"trial {number} in {path} is {row.get('state') or 'without a state'}"
+                         f" ({row.get('reason') or 'no reason given'}), not complete: name a "
+                         "complete trial with --trial")  # fmt: skip
+    return row
 
 
 def train(config: Path, out: Path, steps: int, skip: int) -> float:

@@ -1,6 +1,6 @@
 """How much a training step's time scatters on this machine, and which window estimator pairs
-best: the evidence behind the race's window shape (``search.race``: one unmeasured switch step,
-then a window judged by its mean step, ``race.WINDOW_FIGURE``).
+best: the evidence behind the race's window shape (``search.race``: a window judged by its mean
+step, ``race.WINDOW_FIGURE``, the step after the switch counted in it, ``race.SWITCH_STEPS``).
 
 Two gloo ranks (one thread each, as a cpus_per_worker=1 worker) train a BERT masked-LM with DDP,
 two configurations built side by side (accumulation ``--accumulation``, e.g. ``1,1`` for an
@@ -45,10 +45,10 @@ MODELS = {
 ESTIMATORS: dict[str, Callable[[list[float]], float]] = {
     "median after the switch (the search's figure)": lambda s: statistics.median(s[1:]),
     "median with the switch step": lambda s: statistics.median(s[:-1]),
-    "mean after the switch (the race)": lambda s: statistics.fmean(s[1:]),
+    "mean after the switch": lambda s: statistics.fmean(s[1:]),
     "mean with the switch step": lambda s: statistics.fmean(s[:-1]),
     "the switch step alone": lambda s: s[0],
-    "mean of the whole visit": statistics.fmean,
+    "mean of the whole visit (the race)": statistics.fmean,
 }
 """Visit (its steps' seconds, the switch step first) -> a window's step time. The 'with the
 switch step' ones take as many steps as the 'after' ones; 'the whole visit' counts every step

@@ -368,6 +368,8 @@ def _train_windows(
     if guard is not None:
         runner.before_optimizer = guard.after_backward
         runner.model.eval()
+    if plan.warmup_steps == 0:  # its first step is measured (a race's after a switch): the
+        reduce_over_ranks([0.0])  # ranks start it together, none waiting in it for another
     window_start = time.perf_counter()
     for step in range(plan.total_steps):
         # one profiled step per window, its last (see train_fns.timing)

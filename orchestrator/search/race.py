@@ -129,7 +129,7 @@ class Race:
         search = ctx.config.search
         self.ctx, self.say = ctx, say
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
-        self.steps = max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS
+        self.steps = max(1, max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS)
         """A window's measured steps: a visit is the search's window and one step more, the
         switch step counted in it unless ``SWITCH_STEPS`` leaves it out."""
         self.base = self._entrant(baseline, BASELINE)

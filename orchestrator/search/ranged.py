@@ -49,7 +49,7 @@ def size_config(config: Config, size: int, primary: bool) -> Config:
 
 def window_steps(config: Config, size: int) -> int:
     """Steps a window of a smaller size's search measures: the primary's steps a window (whole
-    ones, ``measure_steps // windows``, as its race takes them), scaled by the size and rounded
+    ones, ``measure_steps // windows``, as its search takes them), scaled by the size and rounded
     up, at least one. At a fixed global batch each of ``size`` workers does
     ``num_workers / size`` times the primary's work per step, so a window of as many steps
     would take that much longer for no more certainty: a window's noise is the machine's over

@@ -3,6 +3,7 @@ and the process group, and nothing else."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -152,12 +153,14 @@ def test_the_side_group_is_made_once_per_process_group() -> None:
 
 def test_resident_configurations_alternate_without_a_rebuild() -> None:
     """The verdict's paired windows: two configurations built once each, then measured in
-    turns in the same processes (no rebuild, no guard), each going on from where it stopped;
-    a plan without a key frees both, and nothing is left after it."""
+    turns in the same processes (no rebuild, no guard), each going on from where it stopped,
+    its window's first step the one after the switch (the race's: no unmeasured step); a plan
+    without a key frees both, and nothing is left after it."""
     steps = {"warmup_steps": 1, "measure_steps": 2, "num_windows": 1}
     a = tiny_plan(resident="a", **steps)
     b = tiny_plan(strategy="fsdp", accumulation_steps=2, resident="b", **steps)
-    plans = [p.to_dict() for p in (a, b, a, b, a, tiny_plan(**steps))]
+    again = [dataclasses.replace(p, warmup_steps=0) for p in (a, b, a)]
+    plans = [p.to_dict() for p in (a, b, *again, tiny_plan(**steps))]
     sent = run_distributed(_group_worker, plans, timeout_s=180)
     for msgs in sent:
         ends = [msg for msg in msgs if msg["kind"] == END]
@@ -165,6 +168,7 @@ def test_resident_configurations_alternate_without_a_rebuild() -> None:
         builds = [e["windows"][0][m.SETUP_S]["model_build_s"] for e in ends]
         assert builds[0] > 0 and builds[1] > 0 and builds[5] > 0, builds
         assert builds[2:5] == [0.0, 0.0, 0.0], builds
+        assert [e["windows"][0][m.NUM_STEPS] for e in ends[2:5]] == [2, 2, 2]  # no stale step
         losses = [e["windows"][0][m.LOSS] for e in ends]
         assert losses[0] != losses[2] != losses[4]  # the same model, trained further
     counts = sent[0][-1]["counts"]  # live modules at each start, and after the last plan

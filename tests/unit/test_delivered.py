@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.delivered import configs, judged, read_verdict, trial_config
+from benchmarks.delivered import configs, judged, read_verdict, started_from, trial_config
 from orchestrator.paired import PairedRatio
 
 
@@ -37,39 +37,71 @@ def test_the_verdict_is_read_as_the_search_read_it(tmp_path: Path) -> None:
 
 BEST = {"name": "demo", "strategy": "ddp", "workload": {"model": "bert-mini"},
         "tuned": {"accumulation_steps": 1, "bucket_cap_mb": 25, "reshard_after_forward": True},
-        "env": {"NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "4194304"}}  # fmt: skip
-"""best.yaml of a run that kept its baseline: a fixed knob and a fixed variable beside the
-searched ones."""
-TRIALS = ("number,state,accumulation_steps,bucket_cap_mb,static_graph,NCCL_BUFFSIZE,strategy,"
-          "samples_per_s,reason\n"
-          "0,complete,1,25,False,,ddp,15.2,\n"
-          "3,complete,4,,,8388608,ddp,19.6,\n")  # fmt: skip
+        "env": {"NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "4194304"}, "sizes": {2: {"tuned": {}}}}
+"""best.yaml of a run that kept its baseline: a fixed knob and the user's own variables, one of
+them searched (the baseline left it at the user's value), and a world-sizes entry."""
+HEAD = ("number,state,accumulation_steps,bucket_cap_mb,static_graph,NCCL_BUFFSIZE,strategy,"
+        "samples_per_s,reason")  # fmt: skip
+BASE = "0,complete,1,25,False,4194304,ddp,15.2,"
+"""The baseline: every searched variable at its default (here the user's value, unexported by
+the search)."""
+
+
+def _row(line: str) -> dict[str, str]:
+    return dict(zip(HEAD.split(","), line.split(","), strict=True))
 
 
 def test_a_trial_runs_as_the_search_ran_it() -> None:
-    row = {"number": "3", "state": "complete", "accumulation_steps": "4", "bucket_cap_mb": "",
-           "static_graph": "", "NCCL_BUFFSIZE": "8388608", "strategy": "ddp",
-           "samples_per_s": "19.6", "reason": ""}  # fmt: skip
-    config = trial_config(BEST, row)
-    # its knobs; an empty column is the knob's default, not best.yaml's value for it
+    base = _row(BASE)
+    config = trial_config(started_from(BEST, base, base), _row("3,complete,4,,,8388608,ddp,19.6,"),
+                          base)  # fmt: skip
+    # its knobs; a knob it did not set is the user's (reshard) or the default, not best.yaml's
+    # value from the kept trial's search (bucket_cap_mb: the baseline's column)
     assert config["tuned"] == {"accumulation_steps": 4, "reshard_after_forward": True}
-    # its searched variable replaces best.yaml's; a variable it did not search stays
-    assert config["env"] == {"NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": 8388608}
+    # the variable it set away from the baseline's replaces the user's; the others stay
+    assert config["env"] == {"NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "8388608"}
     assert config["workload"] == BEST["workload"] and config["strategy"] == "ddp"
-    assert "samples_per_s" not in config["tuned"] and "reason" not in config["env"]
+    assert config["sizes"] == {}  # best.yaml's entries are not this trial's: train refuses them
+
+
+def test_the_baseline_exports_no_searched_variable_the_user_did_not_set() -> None:
+    best = {**BEST, "env": {"NCCL_DEBUG": "WARN"}}
+    base = _row(BASE.replace("4194304", "2097152"))  # a default the search left unset
+    config = trial_config(started_from(best, base, base), base, base)
+    assert config["env"] == {"NCCL_DEBUG": "WARN"}
+
+
+def test_best_yaml_less_its_kept_trial_is_the_config_the_search_started_from() -> None:
+    base, kept = _row(BASE), _row("3,complete,4,,,8388608,fsdp,19.6,")
+    best = {**BEST, "strategy": "fsdp", "tuned": {**BEST["tuned"], "accumulation_steps": 4},
+            "env": {**BEST["env"], "NCCL_BUFFSIZE": "8388608"}}  # fmt: skip
+    start = started_from(best, kept, base)
+    baseline = trial_config(start, base, base)
+    assert baseline["tuned"]["accumulation_steps"] == 1 and baseline["strategy"] == "ddp"
+    assert "NCCL_BUFFSIZE" not in baseline["env"]  # the kept trial's, not the user's
+
+
+def test_a_reason_with_colons_is_not_parsed() -> None:
+    base = _row(BASE)
+    row = _row("3,complete,4,,,,ddp,19.6,out of memory (2 ranks): a: b: c")
+    config = trial_config(started_from(BEST, base, base), row, base)
+    assert config["tuned"]["accumulation_steps"] == 4
 
 
 def _run(tmp_path: Path, finalist: float) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "best.yaml").write_text(yaml.safe_dump({**BEST, "tuned": {"accumulation_steps": 9}}))
-    (run / "trials.csv").write_text(TRIALS.replace("\n3,", "\n1,"))
+    best = {**BEST, "tuned": {"accumulation_steps": 9}, "sizes": {}}
+    (run / "best.yaml").write_text("# commtune best configuration: trial 1, 22.00 samples/s\n"
+                                   + yaml.safe_dump(best))  # fmt: skip
+    (run / "trials.csv").write_text("\n".join([HEAD, BASE, "1,complete,4,,,,ddp,19.6,",
+                                               "2,pruned,8,,,,ddp,,below the floor: 1: 2"]))
     _race(run, finalist)
     return run
 
 
 def test_a_finalist_the_verdict_did_not_keep_is_trained_from_its_trial(tmp_path: Path) -> None:
-    run = _run(tmp_path, 98)  # about 1.0x: no finalist kept, best.yaml is the baseline
+    run = _run(tmp_path, 98)  # about 1.0x: no finalist kept
     verdict = read_verdict(run)
     assert verdict.chosen is None
     finalist, baseline, number = configs(run, verdict, None, tmp_path)
@@ -80,15 +112,20 @@ def test_a_finalist_the_verdict_did_not_keep_is_trained_from_its_trial(tmp_path:
 
 def test_a_kept_finalist_is_trained_from_best_yaml_as_written(tmp_path: Path) -> None:
     run = _run(tmp_path, 150)
-    finalist, _, number = configs(run, read_verdict(run), None, tmp_path)
+    finalist, baseline, number = configs(run, read_verdict(run), None, tmp_path)
     assert number == 1 and yaml.safe_load(finalist.read_text())["tuned"] == {
         "accumulation_steps": 9}
+    assert yaml.safe_load(baseline.read_text())["tuned"]["accumulation_steps"] == 1
 
 
-def test_a_trial_trials_csv_lacks_is_named_in_the_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("trial", "said"), [(7, "no row for trial 7"),
+                                             (2, "trial 2 .* is pruned \\(below the floor")])
+def test_a_trial_that_cannot_be_trained_is_refused_by_name(
+    tmp_path: Path, trial: int, said: str
+) -> None:
     run = _run(tmp_path, 150)
-    with pytest.raises(SystemExit, match="no row for trial 7 .* --trial"):
-        configs(run, read_verdict(run), 7, tmp_path)
+    with pytest.raises(SystemExit, match=f"{said}.*--trial"):
+        configs(run, read_verdict(run), trial, tmp_path)
 
 
 def test_the_verdicts_ratio_is_judged_against_the_delivered_interval(tmp_path: Path) -> None:
