@@ -14,7 +14,8 @@ every rank for the first: the driver, not a watchdog in a process that may be fr
 group's start by it), ``{"kind": "window", "index": i, "window": k}`` from rank 0 as each
 measured window ends (the driver's heartbeat shows it), then from every rank
 ``{"kind": "end", "index": i, "rank": r, "status": complete|pruned|oom, "windows": [...],
-"reason": ...}``. An out-of-memory error that strikes every rank at the same step is recorded
+"reason": ..., "pid": ...}`` (the process that measured it: whether a group's workers were
+reused shows). An out-of-memory error that strikes every rank at the same step is recorded
 and the group goes on (agreed over a gloo side group, ``agree_all_oom``); any other ends the
 group (peers still in a collective are ended by their watchdog), and the driver re-queues what
 was not measured.
@@ -23,6 +24,7 @@ was not measured.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -96,6 +98,7 @@ def evaluate_plans(
                 "reason": reason,
                 "windows": windows,
                 "free_s": time.perf_counter() - free_start,
+                "pid": os.getpid(),
             }
         )
         if status == m.OOM:

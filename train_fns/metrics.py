@@ -122,6 +122,9 @@ PLACEMENT = "placement"
 trials whose placements differ do not compare."""
 RANK_PLACES = "rank_places"
 """A trial's every rank's ``PLACE`` with its ``rank``, in rank order."""
+RANK_PIDS = "rank_pids"
+"""The process id of each rank that measured a configuration (``{"0": pid, ...}``): the
+configurations of one warm worker group share them, a fresh group's differ."""
 
 # Trial states.
 COMPLETE = "complete"

@@ -305,6 +305,8 @@ class GroupRun:
         if self.places:  # every configuration of a group shares its placement
             outcome[m.RANK_PLACES] = [self.places[r] for r in sorted(self.places)]
             outcome[m.PLACEMENT] = placement_label(self.places.values())
+        if self.ends[index]:  # the ranks that ended it, each in the process it ran in
+            outcome[m.RANK_PIDS] = {str(r): e["pid"] for r, e in sorted(self.ends[index].items())}
         self.boundary = now
         self.outcomes[index] = outcome
         emit(index, outcome)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,8 @@ def test_hub_cache_copy_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_model_typos_exit_fast_without_importing_transformers(tmp_path: Path) -> None:
     """The three inputs only transformers used to answer, through the real CLI in one fresh
-    interpreter: each exits 2 naming its key, and transformers is never imported."""
+    interpreter: each exits 2 naming its key, without what took seconds: transformers (and
+    torch) never imported, no name looked up and no connection made (no hub lookup)."""
     (tmp_path / "typo").mkdir()
     (tmp_path / "typo" / "config.json").write_text('{"model_type": "robertta"}')
     (tmp_path / "long.yaml").write_text("workload:\n  model: roberta\n  seq_len: 4096\n")
@@ -77,23 +77,25 @@ def test_model_typos_exit_fast_without_importing_transformers(tmp_path: Path) ->
         ["--config", str(tmp_path / "long.yaml")],
     ]
     script = (
-        "import sys, time; from orchestrator.search.cli import main\n"
+        "import sys\n"
+        "network = []\n"
+        "def audit(event, args):\n"
+        "    if event in ('socket.connect', 'socket.getaddrinfo', 'socket.gethostbyname'):\n"
+        "        network.append(event)\n"
+        "sys.addaudithook(audit)\n"
+        "from orchestrator.search.cli import main\n"
         f"for argv in {argvs!r}:\n"
-        "    t = time.monotonic(); code = main(argv + ['--out', sys.argv[1]])\n"
-        "    print(code, round(time.monotonic() - t, 2))\n"
-        "print('transformers' in sys.modules, 'torch' in sys.modules)\n"
+        "    print(main(argv + ['--out', sys.argv[1]]))\n"
+        "print('transformers' in sys.modules, 'torch' in sys.modules, network)\n"
     )
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "out")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     lines = proc.stdout.split("\n")
-    assert [line.split()[0] for line in lines[:3]] == ["2", "2", "2"], proc.stdout + proc.stderr
-    assert lines[3] == "False False", proc.stdout
+    assert lines[:3] == ["2", "2", "2"], proc.stdout + proc.stderr
+    assert lines[3] == "False False []", proc.stdout
     errors = proc.stderr.splitlines()
     assert "workload.model" in errors[0] and "did you mean 'roberta'" in errors[0], errors
     assert "workload.model" in errors[1] and "did you mean 'roberta'" in errors[1], errors
     assert "workload.seq_len: 4096 exceeds the 512" in errors[2], errors
-    assert elapsed < 8, f"three bad models took {elapsed:.1f}s (target: under 3 s each)"

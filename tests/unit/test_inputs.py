@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -215,22 +214,21 @@ def test_load_config_rejects_what_from_dict_rejects() -> None:
 
 def test_slowest_bad_input_exits_fast_without_ray(tmp_path: Path) -> None:
     """The deepest cheap check (a dry run's --nodes, after the whole config, the spaces and
-    --out have passed) through the real CLI: exit 2, no Ray, no transformers import."""
-    started = time.monotonic()
+    --out have passed) through the real CLI: exit 2 before anything that takes seconds: no
+    Ray started, and neither Ray, torch nor transformers imported (the model is built after
+    this check)."""
     cli = ("import sys, runpy\ntry:\n    runpy.run_module('orchestrator.search', "
-           "run_name='__main__')\nfinally:\n    print('imported transformers:', "
-           "'transformers' in sys.modules, file=sys.stderr)\n")  # fmt: skip
+           "run_name='__main__')\nfinally:\n    print('imported:', sorted(m for m in "
+           "('ray', 'torch', 'transformers') if m in sys.modules), file=sys.stderr)\n")  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-c", cli, *SMOKE, "--dry-run", "--nodes", "0",
          "--out", str(tmp_path / "out")],  # fmt: skip
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2 and "--nodes" in proc.stderr, proc.stderr
-    assert "imported transformers: False" in proc.stderr  # the model is built after this
+    assert "imported: []" in proc.stderr, proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out").exists()
-    assert elapsed < 15, f"bad input took {elapsed:.1f}s (target: under 3 s on a quiet machine)"
 
 
 def test_dry_run_options_without_dry_run_are_refused(tmp_path: Path) -> None:
