@@ -30,6 +30,7 @@ from train_fns.elastic import (
     wait_for_split,
 )
 from train_fns.gradients import layer_grad_norms
+from train_fns.hold import hold
 from train_fns.loop import StepRunner, build_runner
 from train_fns.plan import TrialPlan
 from train_fns.ranks import reduce_over_ranks
@@ -119,6 +120,7 @@ class ElasticTrainer:
         watchdog = Watchdog(self.rank, plan.step_deadline_s, marker_dir=None).start()
         try:
             for step in range(self.state["step"], self.spec.steps):
+                hold(f"step-{step}")  # a test's kill point; a no-op in real runs
                 self._train_step(runner, step)
                 watchdog.beat()
         finally:

@@ -23,6 +23,7 @@ from orchestrator.search.group_run import START, GroupRun, slowest_start
 from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
+from train_fns.hold import hold
 from train_fns.plan import InfeasiblePlan, TrialPlan
 
 TRIAL_NUMBER = "trial_number"
@@ -171,6 +172,7 @@ def _members(
             })  # fmt: skip
             continue
         taken.append(member)
+        hold(f"trial-{member.number}")  # a test's kill point; a no-op in real runs
         yield dataclasses.replace(plan, prune_below=member.prune_below), env
 
 

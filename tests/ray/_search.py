@@ -1,8 +1,9 @@
-"""Running ``orchestrator.search`` as a user does, and killing it mid-search (a node loss)."""
+"""Running ``orchestrator.search`` as a user does, and killing it in trial 1 (a node loss) or
+pressing Ctrl-C there: the search holds at the start of trial 1 (``train_fns.hold``) until the
+test has acted, so the kill lands there every time."""
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -11,82 +12,96 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _procs
 import optuna
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--preset", "smoke", "--set", "search.remeasure_top=0", "--set", "strategy=ddp",
-        "--set", "search.scaling_baseline=false"]
+from train_fns.hold import HOLD_DIR_VAR
+
+FAST = [
+    "--preset",
+    "smoke",
+    "--set",
+    "search.remeasure_top=0",
+    "--set",
+    "strategy=ddp",
+    "--set",
+    "search.scaling_baseline=false",
+]
 """The smoke search without its verdict's race or its 1-worker baseline (a cold group start
 each, the most of a smoke search's time): for tests of the trials themselves."""
+SEARCH_TIMEOUT_S = 420
+"""One smoke search's limit: under pytest's per-test timeout (pyproject.toml)."""
 
 
-def cli(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        **kw,
-    )
+def cli(args: list[str], timeout: float = SEARCH_TIMEOUT_S, **kw) -> subprocess.CompletedProcess:
+    return _procs.python("orchestrator.search", args, timeout=timeout, **kw)
 
 
-def kill_during_second_trial(args: list[str], storage: str) -> float:
-    """Start a search, SIGKILL its driver and its Ray session once trial 1 runs; return trial 0's
-    throughput (what the resumed study must keep)."""
-    proc, first = _start_until_second_trial(args, storage, subprocess.DEVNULL)
-    session = os.path.realpath("/tmp/ray/session_latest")
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything in its session
+class Holds:
+    """A folder of kill points (``train_fns.hold``) for the commands a test starts."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, HOLD_DIR_VAR: str(self.folder)}
+
+    def arm(self, *names: str) -> None:
+        for name in names:
+            (self.folder / f"{name}.arm").touch()
+
+    def wait(self, name: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+        """Until a process of ``proc``'s holds at ``name``; fails if ``proc`` ends first."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.folder / f"{name}.held").exists():
+            assert proc.poll() is None, f"the command ended before it reached {name}"
+            assert time.monotonic() < deadline, f"{name} was never reached"
+            time.sleep(0.1)
+
+    def release(self, name: str) -> None:
+        (self.folder / f"{name}.release").touch()
+
+
+def kill_in_second_trial(args: list[str], storage: str, holds: Holds) -> float:
+    """Start a search, SIGKILL its driver and everything it started (what a node loss takes)
+    while trial 1 holds at its start; return trial 0's throughput (what the resumed study must
+    keep)."""
+    proc, owner, first = _start_in_second_trial(args, storage, holds, subprocess.DEVNULL)
+    _procs.end(owner)
     proc.wait()
-    for pid in _ray_session_pids(os.path.basename(session)):  # what a node loss would take too
-        os.kill(pid, signal.SIGKILL)
     return first
 
 
-def interrupt_during_second_trial(
-    args: list[str], storage: str, log: Path
-) -> tuple[int, list[int]]:
+def interrupt_in_second_trial(
+    args: list[str], storage: str, holds: Holds, log: Path
+) -> tuple[int, dict[int, str]]:
     """Start a search (its stderr to ``log``) and press Ctrl-C (SIGINT to its process group)
-    once trial 1 runs: (exit code, the pids of its Ray session alive 10 s after it ended)."""
+    while trial 1 holds at its start: (exit code, its processes alive 10 s after it ended)."""
     with log.open("w") as err:
-        proc, _ = _start_until_second_trial(args, storage, err)
+        proc, owner, _ = _start_in_second_trial(args, storage, holds, err)
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
-    time.sleep(10)
-    sessions = glob.glob(f"/tmp/ray/session_*_{proc.pid}")  # the session this driver started
-    assert len(sessions) == 1, sessions
-    return proc.returncode, _ray_session_pids(os.path.basename(sessions[0]))
+    return proc.returncode, _procs.wait_gone(owner, timeout_s=10)
 
 
-def _start_until_second_trial(
-    args: list[str], storage: str, stderr: Any
-) -> tuple[subprocess.Popen, float]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.search", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=stderr,
-        start_new_session=True,
-    )
-    return proc, _wait_for_second_trial(storage, proc)
-
-
-def _ray_session_pids(session: str) -> list[int]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in ps.splitlines() if session in line]
-
-
-def _wait_for_second_trial(storage: str, proc: subprocess.Popen) -> float:
-    """Wait until trial 0 completed and trial 1 runs; return trial 0's throughput."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the search ended before it could be killed"
-        try:
-            trials = optuna.load_study(study_name="smoke", storage=storage).trials
-        except Exception:  # not created yet
-            trials = []
-        if len(trials) >= 2 and trials[0].state.is_finished():
-            time.sleep(1)  # well inside trial 1
-            return trials[0].user_attrs["samples_per_s"]
-        time.sleep(1)
-    raise AssertionError("trial 1 never started")
+def _start_in_second_trial(
+    args: list[str], storage: str, holds: Holds, stderr: Any
+) -> tuple[subprocess.Popen, str, float]:
+    """The search, held at trial 1's start once trial 0 is on record: (it, its owner mark,
+    trial 0's throughput)."""
+    holds.arm("trial-1")
+    owner = _procs.new_owner("search")
+    proc = _procs.start(
+        [sys.executable, "-m", "orchestrator.search", *args], owner, holds.env(),
+        stdout=subprocess.DEVNULL, stderr=stderr,
+    )  # fmt: skip
+    try:
+        holds.wait("trial-1", proc)
+        # the searcher tells the study trial 0's result before it sends trial 1
+        first = optuna.load_study(study_name="smoke", storage=storage).trials[0]
+        assert first.state.is_finished(), "trial 1 was sent before trial 0 was recorded"
+    except BaseException:
+        _procs.end(owner)  # held: it would wait for a release that never comes
+        raise
+    return proc, owner, first.user_attrs["samples_per_s"]

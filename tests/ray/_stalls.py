@@ -1,10 +1,9 @@
 """Freezing a real worker from outside: a command run as a user runs it (stdout a pipe, each
-line timed) and the Ray Train workers it started (its own descendants only: the machine is
-shared, another user's workers are never touched)."""
+line timed) and the Ray Train workers it started (found by its owner mark, ``_procs``: the
+machine is shared, another user's workers are never touched)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -13,33 +12,20 @@ import threading
 import time
 from pathlib import Path
 
+import _procs
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every process under ``pid`` (the command's Ray session included), by pid: its args."""
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    rows = [line.strip().split(None, 2) for line in ps.splitlines()[1:]]
-    children: dict[int, list[tuple[int, str]]] = {}
-    for row in rows:
-        if len(row) == 3:
-            children.setdefault(int(row[1]), []).append((int(row[0]), row[2]))
-    found, todo = {}, [pid]
-    while todo:
-        for child, args in children.get(todo.pop(), []):
-            found[child] = args
-            todo.append(child)
-    return found
 
 
 class Command:
     """``python -m <module> <args>`` with stdout a pipe (not a terminal), each line timed."""
 
     def __init__(self, module: str, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=ROOT, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        self.owner = _procs.new_owner(module.rsplit(".", 1)[-1])
+        self.proc = _procs.start(
+            [sys.executable, "-m", module, *args], self.owner,
+            {**os.environ, "PYTHONPATH": str(ROOT)},
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.lines: list[tuple[float, str]] = []
         self.seen: set[int] = set()
@@ -52,7 +38,7 @@ class Command:
 
     def workers(self) -> set[int]:
         """Its live Ray Train workers (of its own Ray session)."""
-        found = {p for p, args in descendants(self.proc.pid).items() if "RayTrainWorker" in args}
+        found = {p for p, args in _procs.owned(self.owner).items() if "RayTrainWorker" in args}
         self.seen |= found
         return found
 
@@ -84,16 +70,20 @@ class Command:
         return pid, time.monotonic()
 
     def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)[-6000:]
+        """Its output's last lines (for failure messages)."""
+        return self.said()[-6000:]
+
+    def said(self) -> str:
+        """All of its output so far."""
+        return "\n".join(line for _, line in self.lines)
 
     def kill(self) -> None:
         """End it and whatever of it is left (a failed test must not leave a frozen worker)."""
-        left = descendants(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        for pid in set(left) | self.seen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _procs.end(self.owner)
+
+    def left(self) -> dict[int, str]:
+        """What of it is alive 15 s after it ended (before ``kill`` ends it all)."""
+        return _procs.wait_gone(self.owner, timeout_s=15)
 
     def survivors(self) -> set[int]:
         """Workers of this command still alive after it ended."""

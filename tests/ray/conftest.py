@@ -24,3 +24,29 @@ def ray_local() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _end_what_the_test_started() -> Iterator[None]:
+    """After each test, whatever its commands left (a failed assert mid-run, a frozen worker)
+    is ended: by their owner marks (``_procs``), never by name."""
+    import _procs
+
+    before = len(_procs.started)
+    yield
+    _end(_procs.started[before:])
+
+
+def pytest_sessionfinish() -> None:
+    """What module fixtures' commands left (they start before any test's own fixture)."""
+    import _procs
+
+    _end(_procs.started)
+
+
+def _end(owners: list[str]) -> None:
+    import _procs
+
+    for owner in owners:
+        if _procs.wait_gone(owner, timeout_s=10):
+            _procs.end(owner)

@@ -3,14 +3,11 @@ measure at the same time, each on its own node."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+import _procs
 import optuna
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -25,11 +22,10 @@ def test_two_groups_run_at_once_on_disjoint_nodes(tmp_path: Path) -> None:
         out = tmp_path / "concurrent"
         sets = ["search.concurrency=2", "search.group_size=2", "search.remeasure_top=0",
                 "search.scaling_baseline=false", "search.prune=false", "strategy=ddp"]  # fmt: skip
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--trials", "4",
-             "--out", str(out), "--address", cluster.address,
-             *(item for kv in sets for item in ("--set", kv))],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
+        proc = _procs.python(
+            "orchestrator.search",
+            ["--preset", "smoke", "--trials", "4", "--out", str(out),
+             "--address", cluster.address, *(item for kv in sets for item in ("--set", kv))],
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     finally:

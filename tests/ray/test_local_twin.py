@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _heads import ROOT, clean_env, start_head, stop_all, submit_cli
+from _heads import ROOT, clean_env, start_head, stop_head, submit_cli
 
 NODES_AND_WORKERS = """
 import json, ray
@@ -47,7 +47,7 @@ def test_local_twin_runs_a_submitted_search_on_its_fake_nodes(tmp_path: Path) ->
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
     env = clean_env(RAY_FAKE_CLUSTER="1", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
-    start_head(
+    head = start_head(
         ["--port=6379", "--num-cpus=1", "--autoscaling-config=cluster-local.yaml"], env, 8265
     )
     try:
@@ -66,4 +66,4 @@ def test_local_twin_runs_a_submitted_search_on_its_fake_nodes(tmp_path: Path) ->
         # A trial's 2 one-CPU workers cannot both fit on the 1-CPU head: fake nodes ran them.
         assert set(view["worker_nodes"]) & set(view["others"]), view
     finally:
-        stop_all(env)
+        stop_head(head)

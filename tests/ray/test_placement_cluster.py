@@ -4,14 +4,12 @@ one node, ``spread`` puts one on each, and trials.csv and the study say where ea
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
+import _procs
 import optuna
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 SETS = ["search.remeasure_top=0", "search.scaling_baseline=false", "search.prune=false",
         "strategy=ddp"]  # fmt: skip
 
@@ -19,10 +17,10 @@ SETS = ["search.remeasure_top=0", "search.scaling_baseline=false", "search.prune
 def search(address: str, out: Path, placement: str) -> list[dict[str, str]]:
     """One 1-trial smoke search on the cluster; its trials.csv rows."""
     sets = [*SETS, f"cluster.placement={placement}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--trials", "1",
-         "--out", str(out), "--address", address, *(i for kv in sets for i in ("--set", kv))],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    proc = _procs.python(
+        "orchestrator.search",
+        ["--preset", "smoke", "--trials", "1", "--out", str(out), "--address", address,
+         *(i for kv in sets for i in ("--set", kv))],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with (out / "trials.csv").open() as f:

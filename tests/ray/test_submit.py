@@ -4,36 +4,39 @@ a smoke search that succeeds and whose outputs come back, and a job that is stop
 from __future__ import annotations
 
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _procs
 import pytest
-from _heads import clean_env, free_port, start_head, stop_all, submit_cli
+from _heads import clean_env, free_port, start_head, stop_head, submit_cli
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A 3-CPU head with RAY_AUTH_MODE=token; yields its Jobs API address and token file."""
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, str]]:
+    """A 3-CPU head with RAY_AUTH_MODE=token; yields its Jobs API address, token file and owner
+    mark (``_procs``)."""
     token = tmp_path_factory.mktemp("auth") / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     env = clean_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     port = free_port()
-    start_head([f"--port={free_port()}", "--num-cpus=3"], env, port)
+    owner = start_head([f"--port={free_port()}", "--num-cpus=3"], env, port)
     try:
-        yield f"http://127.0.0.1:{port}", token
+        yield f"http://127.0.0.1:{port}", token, owner
     finally:
-        stop_all(env)
+        stop_head(owner)
 
 
 def no_token_env() -> dict[str, str]:
     return clean_env(RAY_AUTH_TOKEN_PATH="/nonexistent/auth_token")
 
 
-def test_submission_without_the_token_is_refused(head: tuple[str, Path], tmp_path: Path) -> None:
-    address, _ = head
+def test_submission_without_the_token_is_refused(
+    head: tuple[str, Path, str], tmp_path: Path
+) -> None:
+    address, _, _ = head
     args = ["--address", address, "search", "--preset", "smoke", "--trials", "1"]
     done = submit_cli(args, no_token_env(), timeout=120)
     assert done.returncode == 2, done.stderr
@@ -61,12 +64,13 @@ def make_workload(ctx):
 """
 
 
+@pytest.mark.slow
 def test_search_job_succeeds_and_its_outputs_come_back(
-    head: tuple[str, Path], tmp_path: Path
+    head: tuple[str, Path, str], tmp_path: Path
 ) -> None:
     """The job's config and the user's workload file live outside the project (and the
     cluster has never seen either): both go with the job."""
-    address, token = head
+    address, token, _ = head
     user = tmp_path / "user"
     user.mkdir()
     (user / "my_workload.py").write_text(USER_WORKLOAD)
@@ -96,8 +100,9 @@ def test_search_job_succeeds_and_its_outputs_come_back(
     assert len(rows) == 2 and ",complete," in rows[1], rows  # header + the baseline
 
 
-def test_stop_ends_a_running_job(head: tuple[str, Path], tmp_path: Path) -> None:
-    address, token = head
+@pytest.mark.slow
+def test_stop_ends_a_running_job(head: tuple[str, Path, str], tmp_path: Path) -> None:
+    address, token, owner = head
     base = ["--address", address, "--token-file", str(token)]
     done = submit_cli(
         [*base, "search", "--results-root", str(tmp_path), "--preset", "smoke", "--trials", "5"],
@@ -109,9 +114,11 @@ def test_stop_ends_a_running_job(head: tuple[str, Path], tmp_path: Path) -> None
     while "RUNNING" not in submit_cli([*base, "status", job_id], no_token_env(), 60).stdout:
         assert time.monotonic() < deadline, "the job never started running"
         time.sleep(2)
+    # its search runs among this head's processes (else the check below proves nothing)
+    assert any(job_id in args for args in _procs.owned(owner).values()), _procs.owned(owner)
     stopped = submit_cli([*base, "stop", job_id], no_token_env(), timeout=120)
     assert stopped.returncode == 0 and "STOPPED" in stopped.stdout, stopped.stdout
     deadline = time.monotonic() + 30
-    while job_id in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+    while any(job_id in args for args in _procs.owned(owner).values()):  # this head's only
         assert time.monotonic() < deadline, "the stopped job's search is still running"
         time.sleep(1)

@@ -1,6 +1,6 @@
 """``orchestrator.train`` for real: resume after the driver is killed, recovery from a killed
 worker, and an elastic run that loses a node and gets it back (ray.cluster_utils.Cluster; slow,
-about 150 s: ``pytest -m slow``)."""
+about 150 s: ``pytest -m slow``). Kills land at the steps the tests name (``train_fns.hold``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _procs
 import pytest
-from _heads import ROOT, leftovers
-from _stalls import descendants
+from _search import Holds
 
 SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
 SIZE_ONE = (
@@ -26,11 +26,20 @@ SIZE_ONE = (
 """An entry for one worker, as a search over 1:2 writes it; the top level is the entry for 2."""
 
 
-def start(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
+def start(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``orchestrator.train`` as a user runs it; its processes carry ``out``'s owner mark."""
+    return _procs.start(
         [sys.executable, "-m", "orchestrator.train", *SMOKE, "--out", str(out), *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        owner_of(out), env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+OWNERS: dict[Path, str] = {}
+
+
+def owner_of(out: Path) -> str:
+    """One owner mark per run folder: a run and its resumptions are one run's processes."""
+    return OWNERS.setdefault(out, _procs.new_owner("train"))
 
 
 def rows(out: Path) -> list[dict[str, str]]:
@@ -69,48 +78,45 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return summary(out)
 
 
+@pytest.mark.slow
 def test_killed_worker_then_killed_driver_end_at_the_uninterrupted_loss(
     uninterrupted: dict, tmp_path: Path
 ) -> None:
-    """A Ray Train worker SIGKILLed mid-run is recovered from the latest snapshot (within
-    --max-failures); then the driver itself is SIGKILLed, and --resume finishes the run at
-    exactly --steps with the uninterrupted run's final loss."""
-    process = start(tmp_path, "--steps", "40", "--max-failures", "2")
-    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 15)  # a checkpoint at step 10 exists
-    # only this run's own workers (its descendants): never another job's on a shared machine
-    pids = sorted(p for p, args in descendants(process.pid).items() if "RayTrainWorker" in args)
-    assert pids, "no Ray Train worker process of this run found"
+    """A Ray Train worker SIGKILLed at step 15 is recovered from the latest snapshot (within
+    --max-failures); then the driver and all it started are SIGKILLed at step 25, and --resume
+    finishes the run from the checkpoint at step 20 at exactly --steps, with the uninterrupted
+    run's final loss. Both kills land where they are said to (``train_fns.hold``)."""
+    out, holds = tmp_path / "run", Holds(tmp_path / "holds")
+    holds.arm("step-15", "step-25")
+    process = start(out, "--steps", "40", "--max-failures", "2", env=holds.env())
+    holds.wait("step-15", process)  # 15 steps done: a checkpoint at 10, a snapshot at 15
+    # only this run's own workers: never another job's on a shared machine
+    pids = sorted(p for p, args in _procs.owned(owner_of(out)).items() if "RayTrainWorker" in args)
+    assert len(pids) == 2, f"this run's two Ray Train workers: {_procs.owned(owner_of(out))}"
     os.kill(pids[-1], signal.SIGKILL)
-    saved = wait_for(tmp_path, lambda rs: any(r["attempt"] == "2" and r["checkpoint_step"]
-                                              for r in rs))  # fmt: skip
-    failures = [e for e in events(tmp_path) if e["kind"] == "failure"]
+    holds.release("step-15")
+    holds.wait("step-25", process)  # the second attempt, 10 steps later
+    wait_for(out, lambda rs: any(r["attempt"] == "2" and r["checkpoint_step"] == "20" for r in rs))
+    failures = [e for e in events(out) if e["kind"] == "failure"]
     assert [f["reason"] for f in failures] == ["worker died"]
-    restarted = [e for e in events(tmp_path) if e["kind"] == "start"][1]
-    # the newest copy: a snapshot (every 5 steps), or the checkpoint at a step that saved both
-    # (every 10: the snapshot there is no newer), as when the kill lands past step 20
+    restarted = [e for e in events(out) if e["kind"] == "start"][1]
+    # the newest copy: the snapshot at 15, or (its transfer cut by the kill) the checkpoint at
+    # 10, which saved a snapshot too
     source, step = restarted["resumed_from"], restarted["resumed_from_step"]
-    assert step % 5 == 0 and (source == "snapshot" or (source == "checkpoint" and step % 10 == 0))
-    latest = max(int(r["checkpoint_step"]) for r in saved if r["checkpoint_step"])
-    process.send_signal(signal.SIGKILL)
+    assert (source, step) in {("snapshot", 15), ("snapshot", 10), ("checkpoint", 10)}, restarted
+    _procs.end(owner_of(out))  # the driver, its Ray and the held workers: a machine lost
     process.wait()
-    refused = subprocess.run(
-        [sys.executable, "-m", "orchestrator.train", *SMOKE, "--steps", "40", "--out",
-         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    refused = _procs.python("orchestrator.train", [*SMOKE, "--steps", "40", "--out", str(out)])
     assert refused.returncode == 2 and "--resume" in refused.stderr
-    output = finish(start(tmp_path, "--steps", "40", "--resume"))
-    resumed = summary(tmp_path)
+    output = finish(start(out, "--steps", "40", "--resume"))
+    resumed = summary(out)
     assert resumed["steps"] == 40
     assert resumed["final_loss"] == pytest.approx(uninterrupted["final_loss"], rel=1e-5)
-    if "nothing left to train" in output:  # the kill landed after the final checkpoint (a
-        assert not leftovers()  # smoke step takes 0.06 s): the run was closed from it
-        return
-    assert "resuming from step" in output
-    resumed_from = [e for e in events(tmp_path) if e["kind"] == "start"][-1]["resumed_from_step"]
-    assert resumed_from in (latest, latest + 10)  # the latest checkpoint before the kill
-    after = [int(r["step"]) for r in rows(tmp_path)][-(40 - resumed_from) :]
-    assert after == list(range(resumed_from + 1, 41))  # nothing skipped, nothing repeated
-    assert not leftovers()
+    assert "resuming from step 20" in output, output[-3000:]
+    assert [e for e in events(out) if e["kind"] == "start"][-1]["resumed_from_step"] == 20
+    after = [int(r["step"]) for r in rows(out)][-20:]
+    assert after == list(range(21, 41))  # nothing skipped, nothing repeated
+    assert not _procs.wait_gone(owner_of(out)), "the resumed run left processes behind"
 
 
 @pytest.fixture
