@@ -1,16 +1,14 @@
-"""Every benchmark keeps running (issue 26): each script under benchmarks/ has a ``--quick`` mode,
-and this runs it as a user would, ``python -m benchmarks.NAME --quick``, checking the line that
-carries its figure. The ones that need no Ray run in the default suite; those that run real
-searches are slow. A new benchmark without a quick mode, or one this file does not run, fails
-the first test."""
+"""Every benchmark keeps running: each script under benchmarks/ has a ``--quick`` mode, and the
+slow tier runs it as a user would, ``python -m benchmarks.NAME --quick``, checking the line that
+carries its figure. A new benchmark without a quick mode, or one this file does not run, fails
+the first test (in the quick tier: it reads files only)."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import _procs
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +25,7 @@ QUICK = {
     "race_focus": r"\n6% \| 1\.08, 1\.04 \| leader \| \d+% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
-SLOW = {
+SEARCHES = {
     "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
     "record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
                     r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
@@ -49,27 +47,20 @@ def _scripts() -> set[str]:
 
 def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
     scripts = _scripts()
-    assert scripts == set(QUICK) | set(SLOW), "run each benchmark's --quick here"
+    assert scripts == set(QUICK) | set(SEARCHES), "run each benchmark's --quick here"
+    assert not set(QUICK) & set(SEARCHES), "each benchmark once"
     for name in scripts:
         assert '"--quick"' in (ROOT / "benchmarks" / f"{name}.py").read_text(), name
 
 
 def _quick(name: str, pattern: str, timeout_s: float) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--quick"], cwd=ROOT, capture_output=True,
-        text=True, timeout=timeout_s,
-    )  # fmt: skip
+    proc = _procs.python(f"benchmarks.{name}", ["--quick"], timeout=timeout_s)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert re.search(pattern, proc.stdout), out[-3000:]
 
 
-@pytest.mark.parametrize("name", sorted(QUICK))
-def test_quick_benchmark_runs(name: str) -> None:
-    _quick(name, QUICK[name], timeout_s=300)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SLOW))
-def test_quick_search_benchmark_runs(name: str) -> None:
-    _quick(name, SLOW[name], timeout_s=900)
+@pytest.mark.parametrize("name", sorted(QUICK) + sorted(SEARCHES))
+def test_quick_benchmark_runs(name: str) -> None:
+    _quick(name, QUICK.get(name) or SEARCHES[name], timeout_s=480)
