@@ -16,6 +16,10 @@ import _procs
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
+CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+"""Where `ray start` notes the newest head's address (a bare ray.init() joins it)."""
+_noted: dict[str, str] = {}
+"""Each head's owner mark: the address it noted there."""
 
 
 def free_port() -> int:
@@ -39,6 +43,7 @@ def start_head(args: list[str], env: dict[str, str], dashboard_port: int) -> str
         while time.monotonic() < deadline:
             try:
                 requests.get(f"http://127.0.0.1:{dashboard_port}/api/version", timeout=2)
+                _noted[owner] = CURRENT_CLUSTER.read_text() if CURRENT_CLUSTER.exists() else ""
                 return owner
             except requests.ConnectionError:
                 time.sleep(1)
@@ -49,9 +54,12 @@ def start_head(args: list[str], env: dict[str, str], dashboard_port: int) -> str
 
 
 def stop_head(owner: str) -> None:
-    """End the head's processes (what ``ray stop`` does, for this head alone); none may be
-    left."""
+    """End the head's processes and the address it noted (what ``ray stop`` does, for this head
+    alone: another head's note stays); none of its processes may be left."""
     _procs.end(owner)
+    noted = _noted.pop(owner, "")
+    if noted and CURRENT_CLUSTER.exists() and CURRENT_CLUSTER.read_text() == noted:
+        CURRENT_CLUSTER.unlink()
     assert not _procs.owned(owner), f"head processes left behind: {_procs.owned(owner)}"
 
 

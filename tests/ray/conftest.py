@@ -14,6 +14,7 @@ def ray_local() -> Iterator[None]:
     import ray
 
     ray.init(
+        address="local",  # our own: never a `ray start` head's (another user's) left in /tmp/ray
         num_cpus=3,
         include_dashboard=True,
         dashboard_host="127.0.0.1",
