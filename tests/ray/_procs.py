@@ -30,17 +30,15 @@ started: list[str] = []
 
 
 def new_owner(label: str) -> str:
+    """A fresh owner mark (``label`` says whose, in a failure's listing), noted in ``started``."""
     owner = f"{label}-{uuid.uuid4().hex[:12]}"
     started.append(owner)
     return owner
 
 
-def owned_env(owner: str, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """``base`` (this process's environment by default) with ``owner``'s mark and ``extra``."""
-    env = dict(os.environ if base is None else base)
-    env.update(extra)
-    env[OWNER_VAR] = owner
-    return env
+def owned_env(owner: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (this process's environment by default) with ``owner``'s mark."""
+    return {**(os.environ if base is None else base), OWNER_VAR: owner}
 
 
 def owned(owner: str) -> dict[int, str]:

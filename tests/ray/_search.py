@@ -33,7 +33,7 @@ SEARCH_TIMEOUT_S = 420
 """One smoke search's limit: under pytest's per-test timeout (pyproject.toml)."""
 
 
-def cli(args: list[str], timeout: float = SEARCH_TIMEOUT_S, **kw) -> subprocess.CompletedProcess:
+def cli(args: list[str], timeout: float = SEARCH_TIMEOUT_S, **kw) -> _procs.Finished:
     return _procs.python("orchestrator.search", args, timeout=timeout, **kw)
 
 
