@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import _procs
 import pytest
 
 
@@ -31,8 +32,6 @@ def ray_local() -> Iterator[None]:
 def _end_what_the_test_started() -> Iterator[None]:
     """After each test, whatever its commands left (a failed assert mid-run, a frozen worker)
     is ended: by their owner marks (``_procs``), never by name."""
-    import _procs
-
     before = len(_procs.started)
     yield
     _end(_procs.started[before:])
@@ -40,14 +39,10 @@ def _end_what_the_test_started() -> Iterator[None]:
 
 def pytest_sessionfinish() -> None:
     """What module fixtures' commands left (they start before any test's own fixture)."""
-    import _procs
-
     _end(_procs.started)
 
 
 def _end(owners: list[str]) -> None:
-    import _procs
-
     for owner in owners:
         if _procs.wait_gone(owner, timeout_s=10):
             _procs.end(owner)
