@@ -15,8 +15,8 @@ well above it is a missed gain.
     python -m benchmarks.futility --spread 0.05 --delta 0.04 --pairs 12
 
 The spreads are a pair's log-ratio standard deviation measured on the 2-core machine: 4% on a
-calm day (the A/A benchmark's pairs), 8% on a loaded one (2026-12-03: steps of one idle bert-mini
-process scattered by 5%, of two gloo ranks by 8%, so windows of three steps paired by 7.8%).
+calm day (the A/A benchmark's pairs), 8% on a loaded one (windows of three steps of two gloo
+ranks: the record named step-noise in benchmarks/results/).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _cell(value: Any) -> str:
 
 
 HELD = ("broadcast_buffers", "forward_prefetch", "backward_prefetch", "activation_checkpointing")
-"""Knobs of today's cpu-demo space that the recorded grid does not cover: the first three came
+"""Knobs of the cpu-demo space that the recorded grid does not cover: the first three came
 after it was recorded, and checkpointing was recorded under FSDP only (DDP offers it now). The
 replay holds them at their defaults, as the baseline does, so that the recorded rows are a
 complete landscape of the rest; rows with another value of one are left out (and counted)."""

@@ -17,7 +17,8 @@ third rule, the leader's race measured on from its pairs when it ended "too nois
     python -m benchmarks.race_focus --spread 0.07 --delta 0.04 --pairs 6
 
 The spreads are a pair's log-ratio standard deviation on the 2-core machine: 4% on a calm day,
-6-8% in the default runs' races (2026-12-04: 7.0% and 7.2% pair-to-pair).
+6-8% in the default runs' races (their pair-to-pair spread, in the records under
+benchmarks/results/).
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def comm_per_step(
       counted like the others.
 
     So without accumulation FSDP moves 3(n-1)/n*S with resharding and 2(n-1)/n*S without, against
-    DDP's 2(n-1)/n*S: 1.5x and 1x. The motivating write-up's table says about twice (4x vs 2x the
+    DDP's 2(n-1)/n*S: 1.5x and 1x. The common rule of thumb says about twice (4x vs 2x the
     gradient size), which is what counting FSDP's gradient sync as a full all-reduce (2S) would
     give; FSDP only reduce-scatters (S). Accumulation a makes FSDP's ratio grow to (2a + 1) / 2
     with resharding, since its all-gathers repeat every micro-step. ``dtype_bytes`` is the
@@ -310,7 +310,7 @@ def exposed_comm_s(compute_s: float, comm_s: float, overlap: float) -> float:
 
 
 def predict_step_time(compute_s: float, comm_s: float, overlap: float) -> float:
-    """The write-up's ``step = max(compute, comm) + sync_overhead``, the overhead made explicit.
+    """The usual ``step = max(compute, comm) + sync_overhead``, the overhead made explicit.
 
     ``overlap`` is the fraction of compute that communication can run behind. The step is compute
     plus exposed communication, which equals ``max(compute, comm)`` plus a sync overhead of

@@ -1,9 +1,9 @@
-"""``workload.model_overrides`` checked on the driver, before Ray (issue 26).
+"""``workload.model_overrides`` checked on the driver, before Ray.
 
-An override transformers refuses used to surface inside a worker, a minute later, as a traceback
-(``ZeroDivisionError: integer modulo by zero`` for ``num_attention_heads: 0``). Here each key is
-checked against the model's config class (a typo gets the close names), each value against the
-kind of that field (an alias such as GPT-2's ``hidden_size`` as its field), and then the config
+An override transformers refuses would otherwise surface inside a worker, a minute later, as a
+traceback (``ZeroDivisionError: integer modulo by zero`` for ``num_attention_heads: 0``). Here each
+key is checked against the model's config class (a typo gets the close names), each value against
+the kind of that field (an alias such as GPT-2's ``hidden_size`` as its field), and then the config
 is built once and the model constructed, and run once, on the ``meta`` device: every check its
 constructor and forward make (heads that do not divide the hidden size, a negative vocabulary,
 grouped heads that do not divide the heads, a tuple where a loss is read) runs, and nothing is

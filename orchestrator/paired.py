@@ -72,15 +72,15 @@ MAD_SCALE = 1.4826
 """MAD x this estimates the standard deviation of normal noise."""
 SLOW_WINDOW = 0.7
 """A baseline window slower than this share of the baseline's search figure is disturbed, and
-so is its pair. A neighbour's burst slows a window by 30-80%; drift moved a configuration's
-windows by up to 17% within a race, and its runs by 16% minutes apart. Ratios alone miss a
-neighbour that hits one side's windows pair after pair: an A/A decision beside a busy
-neighbour (``benchmarks/aa_verdict.py``, 2026-12-02) whose baseline windows ran at half speed
-four pairs running "kept" the baseline's twin at 2.0x, its one odd pair (the twin's window
-slowed) cast out as the outlier. Only the baseline's windows are judged so: a finalist's slow
-window stays evidence against it (a configuration that stalls must not be kept for its fast
-windows), and the reference is the search's figure, not the race's fastest window (one window
-fast by a glitch would cast out every other)."""
+so is its pair. A neighbour's burst slows a window far more than drift moves one within a race,
+so 70% tells the two apart. Ratios alone miss a neighbour that hits one side's windows pair
+after pair: the outlier test then casts out the one odd pair and keeps the rest, all slowed on
+the same side, and an A/A decision can "keep" the baseline's twin (``benchmarks/aa_verdict.py``
+beside a busy neighbour; the record named disturbed-pairs in benchmarks/results/). Only the
+baseline's windows are judged so: a finalist's slow window stays evidence against it (a
+configuration that stalls must not be kept for its fast windows), and the reference is the
+search's figure, not the race's fastest window (one window fast by a glitch would cast out every
+other)."""
 
 
 @dataclass(frozen=True)
@@ -176,9 +176,9 @@ class PairedRatio:
 FLOOR_WEIGHT = 2
 """Degrees of freedom the search's measured noise (the floor) counts for beside the pairs'
 own spread, from ``OUTLIER_PAIRS`` pairs on. Taken whole at any count, a search whose windows
-happened to scatter (trials at 8% cv beside others at 2%) outvoted six pairs that agreed
-within 3%: the race could not decide a gain of 8% at δ 4% (session 12's default run). Below
-five pairs it is taken whole: three or four lucky pairs are what it is there to hold back."""
+happened to scatter would outvote any number of pairs that agree, and a real gain would stay
+undecided (the record named floor-weight in benchmarks/results/). Below five pairs it is taken
+whole: three or four lucky pairs are what it is there to hold back."""
 
 
 def floored_spread(spread: float, pairs: int, floor: float) -> float:

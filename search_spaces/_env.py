@@ -4,8 +4,8 @@ Variables reach workers through Ray's ``worker_runtime_env``, so a name outside 
 allow-list (``LD_PRELOAD``, ``PYTHONPATH``, ...) would change what every worker process
 loads or runs rather than how it communicates. The allow-list keeps the tuner to
 communication (and memory-allocator) settings, and the few value checks here catch the
-mistakes people make when tuning NCCL by hand (see the motivating write-up's
-``NCCL_NCHANNELS``).
+mistakes people make when tuning NCCL by hand (``NCCL_NCHANNELS``, a name NCCL does not
+read, for one).
 """
 
 from __future__ import annotations

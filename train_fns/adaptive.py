@@ -1,14 +1,15 @@
 """Adaptive accumulation: follow the measured communication/computation ratio, without flapping.
 
-The motivating write-up's controller keeps a moving average of comm/compute over a window,
-targets ``round(average)`` accumulation steps (within ``[1, max_steps]``) and changes only when
-the target differs from the current value by ``hysteresis`` (2) or more. The write-up then
-changes the global batch and scales the learning rate linearly and the clipping threshold with
-the square root of the accumulation. commtune holds the global batch fixed by default, so a new
-target is applied by re-splitting: the valid accumulation (one that divides the per-rank batch
-exactly, micro-batch within the memory cap) nearest the target. Only with
-``allow_global_batch_change`` does the micro-batch stay and the global batch move, with the
-write-up's learning-rate and clipping rules. Pure Python: the maths is unit-tested without torch.
+k micro-steps per gradient sync spread one sync's communication over k computes, so the
+controller keeps a moving average of comm/compute over a window, targets ``round(average)``
+accumulation steps (within ``[1, max_steps]``) and changes only when the target differs from
+the current value by ``hysteresis`` (2) or more, so that a noisy ratio does not flap the split.
+commtune holds the global batch fixed by default, so a new target is applied by re-splitting:
+the valid accumulation (one that divides the per-rank batch exactly, micro-batch within the
+memory cap) nearest the target. Only with ``allow_global_batch_change`` does the micro-batch
+stay and the global batch move, with the learning rate scaled linearly and the clipping
+threshold with the square root of the accumulation (the usual large-batch rules). Pure Python:
+the maths is unit-tested without torch.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class AdaptiveAccumulation:
         return Split(best, per_rank // best, s.world_size, s.lr, s.max_grad_norm)
 
     def _rescale(self, target: int) -> Split:
-        """The write-up's rule: micro-batch kept, global batch moves; linear learning-rate
-        scaling and a clipping threshold that grows with the square root of accumulation."""
+        """Micro-batch kept, global batch moves: linear learning-rate scaling and a clipping
+        threshold that grows with the square root of accumulation."""
         base, s = self._base, self.split
         factor = target / base.accumulation_steps
         return Split(

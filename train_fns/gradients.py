@@ -1,5 +1,5 @@
-"""Per-layer gradient norms: the write-up's gradient statistics for catching precision trouble
-(vanishing layers, one layer exploding) before the loss shows it."""
+"""Per-layer gradient norms: gradient statistics that catch precision trouble (vanishing
+layers, one layer exploding) before the loss shows it."""
 
 from __future__ import annotations
 

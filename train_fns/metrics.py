@@ -10,7 +10,8 @@ FLOPS_PER_PARAM_TOKEN = 6
 
 NONFINITE_RATE_MAX = 0.001
 """Share of optimizer steps skipped for non-finite gradients above which a run is unhealthy
-(0.1%, the write-up's monitoring threshold): the training summary warns, the doctor flags."""
+(0.1%: a rare skip is the fp16 loss scaler finding its scale; more means the precision fails
+the model): the training summary warns, the doctor flags."""
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 """The collectives the bandwidth probe measures and the cost model prices."""

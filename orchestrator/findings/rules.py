@@ -42,7 +42,7 @@ from train_fns.metrics import NONFINITE_RATE_MAX
 SEVERITIES = ("high", "medium", "info")
 
 DATA_FRACTION_MAX = 0.10
-COMM_FRACTION_MAX = 0.40  # the write-up's monitoring thresholds
+COMM_FRACTION_MAX = 0.40  # past these a share of the step is worth a finding and its fix
 GPU_UTIL_MIN = 0.80
 MEMORY_FRACTION_MAX = 0.90
 SCALING_MIN = 0.70

@@ -48,21 +48,18 @@ from train_fns.plan import TrialPlan
 SWITCH_STEPS = 0
 """Unmeasured steps before every window (each follows another configuration's window): none,
 the step after the switch counts in its window, which is one step longer than the search's
-(``Race.steps``), so a pair costs the steps it did when that step ran unmeasured. Side by side
-in one run (``python -m benchmarks.step_noise --rounds 24``, 2026-12-04), A/A pairs of whole
-four-step visits paired by 7.3% and 8.1% (accumulation 1 vs 1, 1 vs 4) against 7.9% and 9.4%
-for the three steps after the switch: 15-25% fewer pairs for one interval. The switch step
-there scattered as the others did (10-12% a single pair, each position's mean within 1%);
-on 2026-12-03, with windows judged by their median step, windows that began with it had
-paired worse (9-11% against 7-8%), which is why it ran unmeasured before."""
+(``Race.steps``), so a pair costs the steps it would with that step unmeasured. The switch step
+scatters as the others do, so whole visits pair tighter than the steps after the switch alone
+and one interval takes fewer pairs (``python -m benchmarks.step_noise``; the figures are in
+benchmarks/results/, the record named step-noise-switch-step). Under a median figure a window
+that began with the switch step paired worse; under the mean (``WINDOW_FIGURE``) it does not."""
 WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
-"""A window's figure in a pair: from its mean step. Over 24 rounds of A/A pairs on the 2-core
-machine (2026-12-04, ``python -m benchmarks.step_noise --rounds 24``) windows of three steps
-after the switch paired by 6.9% from their means against 7.8% from their medians, and by
-3.0-8.2% against 5.1-10.1% in three shorter runs that day: about a third fewer pairs for the
-same interval. A neighbour's burst that slows one step shows in the mean; a pair it ruins is
-left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is for
-training."""
+"""A window's figure in a pair: from its mean step, what training pays for the steps. A/A pairs
+of windows scatter less from their means than from their medians, so the same interval takes
+fewer pairs (``python -m benchmarks.step_noise``; the record named step-noise-mean-median in
+benchmarks/results/). A neighbour's burst that slows one step shows in the mean; a pair it
+ruins is left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is
+for training."""
 WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
 follows, and the correctness guard judged these configurations in the search already (its
