@@ -3,7 +3,8 @@
 Reads the cases of ``tests/unit/test_inputs.py`` (``BAD``: argv, the key it must name) and runs
 each as a user does, ``python -m orchestrator.search --preset smoke ARGV`` in a fresh
 interpreter, timing the whole command, and prints one Markdown table row per case: what a
-reviewer needs to see that each bad input ends in one line, fast, naming the key. About a minute and a half on 2 cores.
+reviewer needs to see that each bad input ends in one line, fast, naming the key. About a
+minute and a half on 2 cores.
 
     python -m benchmarks.bad_inputs            # every case
     python -m benchmarks.bad_inputs --quick    # the first two (what the tests run)
