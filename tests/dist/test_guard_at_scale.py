@@ -1,4 +1,4 @@
-"""The guard at 16 ranks (issue 24 item 7): one corrupt rank under FSDP2 moves the global
+"""The guard at 16 ranks: one corrupt rank under FSDP2 moves the global
 gradient norm by about 1/16 of its own shard's change, inside bf16's tolerance, so the
 shard's own norm against the DDP baseline's same chunk is what catches it."""
 
@@ -56,6 +56,6 @@ def _uneven(rank: int, world_size: int) -> dict:
 
 def test_an_uneven_placement_agrees_on_the_layouts() -> None:
     """Ranks that see different local sizes chunked into different layouts and the guard's
-    reduction hung (issue 24 review): the node layout is used only where every rank has it."""
+    reduction hung: the node layout is used only where every rank has it."""
     figures = run_distributed(_uneven, world_size=3, timeout_s=60)
     assert all(set(f["shard_norms"]) == {"3"} for f in figures), figures

@@ -1,6 +1,6 @@
 """The placement guard (``_placement``) on two gloo ranks run as GPU workers would place tensors:
 it catches a collective on a default-device tensor (the bug that crashed ``orchestrator.train``
-on NCCL, issue 13 defect 1), and the search's and the training run's step loops pass it."""
+on NCCL), and the search's and the training run's step loops pass it."""
 
 from __future__ import annotations
 

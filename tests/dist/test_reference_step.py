@@ -1,6 +1,6 @@
 """The no-sync reference micro-step (timed to split compute from communication) must leave no
 trace in the step after it: under FSDP2 its unsynced gradient sat in FSDP2's own buffers, which
-``zero_grad`` does not clear, and the next synced backward added it in (issue 13, defect 2)."""
+``zero_grad`` does not clear, and the next synced backward added it in."""
 
 from __future__ import annotations
 

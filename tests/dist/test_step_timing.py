@@ -1,5 +1,5 @@
-"""The worker loop's timing on two gloo ranks, as a GPU worker would time it (issue 13, defect
-7): ``torch.cuda.synchronize`` is counted instead of run, and the timer is told it serves CUDA.
+"""The worker loop's timing on two gloo ranks, as a GPU worker would time it:
+``torch.cuda.synchronize`` is counted instead of run, and the timer is told it serves CUDA.
 A measured step that is not its window's profiled step syncs once; batches are built before
 the step's clock starts."""
 

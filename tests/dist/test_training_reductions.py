@@ -1,4 +1,4 @@
-"""What a forced NCCL algorithm must be able to run (issue 24 item 1): NVLS reduces only Sum on
+"""What a forced NCCL algorithm must be able to run: NVLS reduces only Sum on
 float32/float64 and Sum/Max on half types, so every all-reduce commtune issues on the training
 communicator must be one of those. commtune's own figures (the slowest step time, the mean
 loss, the guard's norms, per-layer gradient norms, the probe's timings) go over the gloo side

@@ -1,6 +1,6 @@
 """A model whose steps leave parameters unused (examples/moe_workload.py: one expert per
 sample, so a micro-batch of a few samples leaves experts unused, and ranks differ in which)
-through the real worker loop on gloo ranks (issue 29): DDP with find_unused_parameters, FSDP2
+through the real worker loop on gloo ranks: DDP with find_unused_parameters, FSDP2
 as one unit (train_fns/unused.py) on 2 ranks and HSDP on 4 ranks posing as 2 nodes, with and
 without accumulation, give one process's losses on the same samples; DDP without it stops, as
 it did for users; a checkpoint resumes exactly where a parameter never had a gradient."""

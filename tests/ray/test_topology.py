@@ -1,5 +1,5 @@
 """The run's topology is read where the workers run, not on the driver (a CPU head on a
-cluster sees neither the GPUs nor their links; issue 13, defect 10)."""
+cluster sees neither the GPUs nor their links)."""
 
 from __future__ import annotations
 

@@ -88,8 +88,9 @@ def moe_searched(
 
 @pytest.mark.slow
 def test_search_runs_a_model_that_leaves_parameters_unused(moe_searched) -> None:
-    """Issue 29: found on the driver, said in one line; every DDP plan (the baseline too) runs
-    with find_unused_parameters and FSDP2 as one unit: no trial crashes or is corrupt."""
+    """Unused parameters are found on the driver, said in one line; every DDP plan (the
+    baseline too) runs with find_unused_parameters and FSDP2 as one unit: no trial crashes or is
+    corrupt."""
     out, proc = moe_searched
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "got no gradient in some micro-batches" in proc.stdout

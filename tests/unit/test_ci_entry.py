@@ -1,5 +1,5 @@
-"""CI runs the README's set-up commands as written (issue 28): the markers it reads them by are in
-place, each marks one command, and a block without its marker is refused rather than guessed."""
+"""CI runs the README's set-up commands as written: the markers it reads them by are in place,
+each marks one command, and a block without its marker is refused rather than guessed."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def best_row(rec: RunRecord, **parts: str) -> RunRecord:
 
 
 def issue_18_rows() -> list[dict[str, str]]:
-    """remeasure.csv of issue 18: the last baseline run was disturbed (cv 30.7%)."""
+    """A recorded remeasure.csv whose last baseline run was disturbed (cv 30.7%)."""
     seq = [(0, 22.14, 0.132), (5, 27.08, 0.034), (0, 23.01, 0.154), (1, 21.57, 0.072),
            (0, 19.93, 0.105), (2, 21.97, 0.042), (0, 12.88, 0.307)]  # fmt: skip
     return [
@@ -206,7 +206,7 @@ def test_comm_fix_on_gloo_says_nccl_does_not_apply() -> None:
 
 def test_the_comm_figure_says_what_it_measures_under_fsdp_and_ddp() -> None:
     """Under FSDP the no-sync reference all-gathers too: the exposed figure is the
-    reduce-scatter only, a lower bound, and the evidence says so (issue 24 item 9)."""
+    reduce-scatter only, a lower bound, and the evidence says so."""
     ddp = rules.rule_comm_fraction(best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1"))
     fsdp = rules.rule_comm_fraction(
         best_row(healthy(), exposed_comm_s="0.1", compute_s="0.1", strategy="fsdp")

@@ -300,7 +300,7 @@ def test_every_shipped_space_still_loads(name: str) -> None:
     ],
 )
 def test_interface_names_are_checked_by_who_reads_them(name: str, value: str, ok: bool) -> None:
-    """A bad GLOO_SOCKET_IFNAME failed every worker's process group at init (issue 24 review):
+    """A bad GLOO_SOCKET_IFNAME failed every worker's process group at init:
     refused before a worker starts, naming the variable."""
     if ok:
         load_config(preset="smoke", sets=[f"env.{name}={value}"])

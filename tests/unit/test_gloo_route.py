@@ -1,4 +1,4 @@
-"""commtune's gloo side group takes the interfaces NCCL was told to use (issue 24 item 6): on
+"""commtune's gloo side group takes the interfaces NCCL was told to use: on
 EFA/InfiniBand nodes gloo's own pick (the hostname's) may not route between nodes."""
 
 from __future__ import annotations

@@ -124,8 +124,9 @@ def test_failed_configurations_reach_optuna_as_failures_not_zero(state: str) -> 
 def test_a_baseline_that_fails_for_every_trial_ends_the_search_after_it(
     state: str, reason: str, capsys: pytest.CaptureFixture
 ) -> None:
-    """Issue 29: every trial of a model DDP could not run crashed the same way; the search
-    now stops after the baseline, records what was asked as interrupted, and says why."""
+    """A baseline that crashes in the training code ends the search: every trial would crash
+    the same way, so the search stops after it, records what was asked as interrupted, and says
+    why."""
     search = _search(group_size=4, spaces=("accumulation",))  # one environment: one group
     config = search.suggest("t0")
     baseline = config[WORK].items[0]

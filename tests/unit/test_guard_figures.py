@@ -1,4 +1,4 @@
-"""The correctness guard under fp16 loss scaling and in a warm group (issue 24, items 3 and 8):
+"""The correctness guard under fp16 loss scaling and in a warm group:
 norms judged unscaled, a step both sides overflowed is not called corrupt, and a warm plan's
 guard sees a step after an optimizer update."""
 

@@ -112,7 +112,7 @@ def test_submit_checks_a_job_through_each_commands_face() -> None:
 
 def test_test_modules_have_unique_basenames() -> None:
     """pytest imports test files by basename (no packages under tests/): two folders holding a
-    test_x.py stop the whole run at collection (seen: CI, session 5)."""
+    test_x.py stop the whole run at collection."""
     seen: dict[str, list[str]] = {}
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))

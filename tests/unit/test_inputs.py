@@ -1,4 +1,4 @@
-"""Locked doors: each bad input exits 2 before Ray with one line naming the key (issue 15)."""
+"""Locked doors: each bad input exits 2 before Ray with one line naming the key."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Peak memory against capacity, from the workers' reports to the doctor's memory rule: the
-capacity was never written, so the rule could not fire (issue 13, defect 10)."""
+capacity reaches the doctor, so its memory rule can fire."""
 
 from __future__ import annotations
 

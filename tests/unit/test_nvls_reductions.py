@@ -1,4 +1,4 @@
-"""A forced NVLS all-reduce must run every reduction the trial issues (issue 24 item 1): NCCL's
+"""A forced NVLS all-reduce must run every reduction the trial issues: NCCL's
 NVLS reduces Sum on every type and Max/Min on integers and half types only, so fp16 FSDP2
 (GradScaler's float32 Max) and HSDP (Avg across replicas) are refused before a worker starts,
 naming what cannot run; a fallback algorithm, DDP, or CPU workers are not."""

@@ -1,5 +1,5 @@
-"""``workload.model_overrides`` that transformers would refuse exit 2 before Ray, naming the key
-(issue 26); valid ones, and the keys a config class maps to others, still pass."""
+"""``workload.model_overrides`` that transformers would refuse exit 2 before Ray, naming the key;
+valid ones, and the keys a config class maps to others, still pass."""
 
 from __future__ import annotations
 

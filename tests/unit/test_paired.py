@@ -613,7 +613,7 @@ def _sequential(ratios: list[float], floor: float, delta: float) -> str:
     return UNDECIDED
 
 
-# The A/A benchmark's decisions of session 9 (the baseline against itself, δ 4%, cpu-demo on 2
+# Recorded decisions of the A/A benchmark (the baseline against itself, δ 4%, cpu-demo on 2
 # cores; `python -m benchmarks.aa_verdict`): floor, then each decision's pairs. The last two
 # of the second run had a busy neighbour.
 _AA_RECORDED = (
@@ -632,7 +632,7 @@ _AA_RECORDED = (
 )  # fmt: skip
 
 
-# The A/A benchmark of 2026-12-04 (cf7a099: cpu-demo, two windows a trial, δ 4%): each
+# An A/A benchmark run at cf7a099 (cpu-demo, two windows a trial, δ 4%): each
 # decision's pairs and its baseline windows (samples/s; the baseline's search figure 17.99).
 # Decisions 3, 6, 9, 12, 15 and 18 had a busy neighbour. Its own floor was 10.6%.
 _AA_TWO_WINDOWS = (
@@ -694,8 +694,8 @@ def _replayed(pairs: list[float], base: list[float], floor: float, delta: float)
 @pytest.mark.parametrize("floor", [0.02, 0.03, 0.045, 0.067, 0.106])
 def test_the_two_window_aa_keeps_nothing_whatever_the_floor(floor: float) -> None:
     """Its floor (two calibration trials) came out above a search's, so its 0 false keeps of
-    20 could be the floor's doing: replayed at floors from 2% (the default searches' were
-    2.2-8.9% on 2026-12-04) to its own, at δ 4% and 2%, nothing is kept; at its own floor the
+    20 could be the floor's doing: replayed at floors from 2% (five default searches' were
+    2.2-8.9%) to its own, at δ 4% and 2%, nothing is kept; at its own floor the
     replay gives what it printed."""
     for delta in (0.04, 0.02):
         decisions = [_replayed(p, b, floor, delta) for p, b in _AA_TWO_WINDOWS]
@@ -705,7 +705,7 @@ def test_the_two_window_aa_keeps_nothing_whatever_the_floor(floor: float) -> Non
 
 
 def test_the_floor_weighs_as_two_pairs_and_never_narrows() -> None:
-    """Session 12's default run: six pairs within 3% of 1.08 on a day whose search windows
+    """A recorded default run: six pairs within 3% of 1.08 on a day whose search windows
     scattered by 3.5% (floor 4.9%). Taken whole the floor left it undecided; pooled as two
     pairs' worth it keeps. Recorded A/A decisions keep nothing either way, and a floor below
     the pairs' own spread changes nothing."""
@@ -729,7 +729,7 @@ def test_a_baseline_window_far_below_its_search_figure_disturbs_its_pair() -> No
     ratio alone the first pair is the outlier and the other four keep; judged against the
     baseline's search figure (20.5 samples/s) the four are disturbed, and nothing is left
     (pair 0 is cast out by its ratio). A finalist's own slow windows stay evidence against
-    it; a race's ordinary drift (session 12's default run, windows 17% apart) and one
+    it; a race's ordinary drift (a recorded default run's windows 17% apart) and one
     glitch-fast window disturb nothing."""
     twin = [4.1, 20.6, 20.2, 20.3, 20.5]
     base = [20.8, 10.9, 8.1, 11.0, 10.7]

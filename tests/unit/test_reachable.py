@@ -1,5 +1,6 @@
-"""A cluster address nothing answers at exits 2 before Ray (issue 15: Ray retried
-``--address 127.0.0.1:1`` for 40 s, then a traceback); the submit path checks its Jobs API."""
+"""A cluster address nothing answers at exits 2 before Ray (Ray itself would retry
+``--address 127.0.0.1:1`` for 40 s, then raise a traceback); the submit path checks its Jobs
+API."""
 
 from __future__ import annotations
 

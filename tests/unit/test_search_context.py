@@ -1,5 +1,5 @@
-"""The search plans for the nodes a group lands on, not the cluster's count (issue 24 item 2):
-a packed group on one node of a larger cluster gets no multi-node knob, NVLSTree, PAT or HSDP;
+"""The search plans for the nodes a group lands on, not the cluster's count: a
+packed group on one node of a larger cluster gets no multi-node knob, NVLSTree, PAT or HSDP;
 an uneven fill (8 + 4) gets no HSDP; a spread group gets what several nodes allow."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The step timer on a GPU worker, without a GPU: ``torch.cuda.synchronize`` is replaced by a
-counter, so what is checked is how often the timer makes the host wait for the device (issue 13,
-defect 7: a sync at every phase boundary held back the CPU and FSDP2's prefetch)."""
+counter, so what is checked is how often the timer makes the host wait for the device (a sync
+at every phase boundary would hold back the CPU and FSDP2's prefetch)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_the_peak_counts_the_devices_used_memory_beside_torchs(
     syncs: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NCCL's buffers are not torch allocations: the GPU's used memory (total - free, sampled
-    at step ends) is the peak when it is the larger (issue 13, defect 10)."""
+    at step ends) is the peak when it is the larger."""
     timer, _ = _timer()
     for free in (6, 2, 5):  # 10, 14, 11 GiB in use at the steps' ends
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None, f=free: (f * GiB, 16 * GiB))

@@ -1,4 +1,4 @@
-"""Models whose steps leave parameters unused (issue 29), on the driver: found by a few
+"""Models whose steps leave parameters unused, on the driver: found by a few
 micro-batches, or declared; then DDP finds them in every plan (the baseline too), static_graph
 and FSDP are not offered, and best.yaml's own loop (train_fns.tuned) applies the same."""
 

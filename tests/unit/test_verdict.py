@@ -23,7 +23,7 @@ from orchestrator.verdict import (
 )
 from train_fns import metrics as m
 
-# README's default run with a neighbour busy for a minute (issue 18), as remeasure.csv held it:
+# A default run with a neighbour busy for its first minute, as its remeasure.csv held it:
 # B 22.14 (13.2%) | t5 27.08 (3.4%) | B 23.01 (15.4%) | t1 21.57 (7.2%) | B 19.93 (10.5%) |
 # t2 21.97 (4.2%) | B 12.88 (30.7%)
 ISSUE_18 = [

@@ -1,4 +1,4 @@
-"""World-size truths (issue 13): one worker has no link and no gradient traffic, the scaling
+"""World-size truths: one worker has no link and no gradient traffic, the scaling
 baseline keeps the trial's micro-batch, and a worker group goes on after an out-of-memory error
 only when every rank agreed. Pure logic, no Ray."""
 
