@@ -278,11 +278,10 @@ class Race:
         ``MIN_PAIRS`` clean pairs (none is judged before), and the leader among the others (the
         highest lower end, the one the verdict would keep): one whose pairs came out disturbed
         does not hold the leader's rounds up. Split evenly, near twins each got half the pairs and
-        neither decided; ``benchmarks/race_focus.py`` measures both rules side by side (two
-        finalists 8% faster, pairs scattering by 6%, 12 pairs: kept in 60% of races, against
-        36% split evenly; twins of the baseline never kept either way, twins at 1 + δ a
-        little more often: 6% against 3%). A leader decided against leaves, and the next one
-        takes the rounds."""
+        neither decided; ``benchmarks/race_focus.py`` measures both rules side by side: the
+        leader rule keeps real gains far more often and twins of the baseline never (the record
+        named race-focus in benchmarks/results/). A leader decided against leaves, and the next
+        one takes the rounds."""
         alive = self._alive()
         leader = self._leader(alive)
         return [e for e in alive if e.paired.pairs < MIN_PAIRS or e is leader]
