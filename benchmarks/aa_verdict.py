@@ -30,10 +30,9 @@ from orchestrator.config import load_config
 from orchestrator.paired import MIN_PAIRS, noise_floor
 from orchestrator.plans import resolve_task
 from orchestrator.runfiles import storage_dir
-from orchestrator.search import race as race_mod
 from orchestrator.search.context import space_of
 from orchestrator.search.pipeline import search_context
-from orchestrator.search.race import Race
+from orchestrator.search.race import SWITCH_STEPS, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.session import resolve_gpu, start_ray
@@ -82,10 +81,12 @@ class Repeated(Race):
     """The race with the baseline's twin as its one finalist, decided ``decisions`` times."""
 
     def __init__(
-        self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int, floor: float
-    ) -> None:
+        self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int, floor: float,
+        switch_steps: int,
+    ) -> None:  # fmt: skip
         twin = TrialRecord(1, m.COMPLETE, "", dict(base.params), {})
-        super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor)
+        super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor,
+                         switch_steps=switch_steps)  # fmt: skip
         self.decisions, self.busy_every = decisions, busy_every
         # as many pairs as the search's race can give its leader: the other finalists take
         # their first MIN_PAIRS each, the leader the rest (more looks, more chances to keep)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default="cpu-demo")
     ap.add_argument("--decisions", type=int, default=20)
     ap.add_argument("--busy-every", type=int, default=2, help="0: never busy")
-    ap.add_argument("--switch-steps", type=int, default=race_mod.SWITCH_STEPS,
+    ap.add_argument("--switch-steps", type=int, default=SWITCH_STEPS,
                     help="unmeasured steps before each window, taken from its steps: a visit "
                          "stays the search's window and one step (what the race runs: "
                          "%(default)s)")
@@ -155,7 +156,6 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.calibration_trials < 2:
         ap.error(f"--calibration-trials {args.calibration_trials}: a noise floor needs at least 2")
-    race_mod.SWITCH_STEPS = args.switch_steps
     if args.quick:
         args.preset, args.decisions, args.busy_every = "smoke", 3, 0
         args.calibration_trials = 2
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
         base, floor = calibrate(ctx, base, args.calibration_trials)
-        race = Repeated(ctx, base, args.decisions, args.busy_every, floor)
+        race = Repeated(ctx, base, args.decisions, args.busy_every, floor, args.switch_steps)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
               f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "
               f"pairs a decision, noise floor {floor:.1%} as a search would measure it, "
