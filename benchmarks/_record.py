@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -134,13 +133,17 @@ def read(path: Path) -> Record:
     return Record(**json.loads(path.read_text()))
 
 
-def _git(*args: str) -> str | None:
+def _output(cmd: list[str]) -> str | None:
+    """The command's output; None where it is missing, hangs or fails."""
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              timeout=30)  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def _git(*args: str) -> str | None:
+    return _output(["git", "-C", str(ROOT), *args])
 
 
 def _checkout() -> tuple[str | None, bool | None]:
@@ -170,11 +173,5 @@ def _version(package: str) -> str | None:
 
 def gpu_names() -> list[str]:
     """The GPUs ``nvidia-smi`` lists (none without it)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    listed = _output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or ""
+    return [line.strip() for line in listed.splitlines() if line.strip()]
