@@ -49,16 +49,16 @@ SWITCH_STEPS = 0
 """Unmeasured steps before every window (each follows another configuration's window): none,
 the step after the switch counts in its window, which is one step longer than the search's
 (``Race.steps``), so a pair costs the steps it did when that step ran unmeasured. Side by side
-in one run (``python -m benchmarks.step_noise --rounds 24``, 2026-12-04), A/A pairs of whole
-four-step visits paired by 7.3% and 8.1% (accumulation 1 vs 1, 1 vs 4) against 7.9% and 9.4%
-for the three steps after the switch: 15-25% fewer pairs for one interval. The switch step
+in one run (``python -m benchmarks.calibration.step_noise --rounds 24``, 2026-12-04), A/A pairs
+of whole four-step visits paired by 7.3% and 8.1% (accumulation 1 vs 1, 1 vs 4) against 7.9% and
+9.4% for the three steps after the switch: 15-25% fewer pairs for one interval. The switch step
 there scattered as the others did (10-12% a single pair, each position's mean within 1%);
 on 2026-12-03, with windows judged by their median step, windows that began with it had
 paired worse (9-11% against 7-8%), which is why it ran unmeasured before."""
 WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
 """A window's figure in a pair: from its mean step. Over 24 rounds of A/A pairs on the 2-core
-machine (2026-12-04, ``python -m benchmarks.step_noise --rounds 24``) windows of three steps
-after the switch paired by 6.9% from their means against 7.8% from their medians, and by
+machine (2026-12-04, ``python -m benchmarks.calibration.step_noise --rounds 24``) windows of three
+steps after the switch paired by 6.9% from their means against 7.8% from their medians, and by
 3.0-8.2% against 5.1-10.1% in three shorter runs that day: about a third fewer pairs for the
 same interval. A neighbour's burst that slows one step shows in the mean; a pair it ruins is
 left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is for
@@ -285,9 +285,9 @@ class Race:
         ``MIN_PAIRS`` clean pairs (none is judged before), and the leader among the others (the
         highest lower end, the one the verdict would keep): one whose pairs came out disturbed
         does not hold the leader's rounds up. Split evenly, near twins each got half the pairs and
-        neither decided; ``benchmarks/race_focus.py`` measures both rules side by side (two
-        finalists 8% faster, pairs scattering by 6%, 12 pairs: kept in 60% of races, against
-        36% split evenly; twins of the baseline never kept either way, twins at 1 + δ a
+        neither decided; ``benchmarks/results/2026-12-04-race_focus.md`` has both rules side by
+        side (two finalists 8% faster, pairs scattering by 6%, 12 pairs: kept in 60% of races,
+        against 36% split evenly; twins of the baseline never kept either way, twins at 1 + δ a
         little more often: 6% against 3%). A leader decided against leaves, and the next one
         takes the rounds."""
         alive = self._alive()
