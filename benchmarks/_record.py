@@ -88,6 +88,10 @@ class _Tee(io.TextIOBase):
     def fileno(self) -> int:
         return self.inner.fileno()
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  (what callers of sys.stdout read)
+        return self.inner.encoding
+
 
 @contextmanager
 def recording(module: str, argv: list[str] | None, results: Path | None,
