@@ -25,21 +25,19 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks._commands import QUICK_SEARCH, run_module
+from benchmarks._record import add_results_option, recording
 from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.paired import PairedRatio, pair_order
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
 from orchestrator.verdict import Verdict, verdict_from_rows
 from search_spaces import is_env_name
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def searched(row: dict[str, str]) -> dict[str, str]:
@@ -108,29 +106,11 @@ def complete_row(rows: dict[str, dict[str, str]], number: int, path: Path) -> di
 def train(config: Path, out: Path, steps: int, skip: int) -> float:
     """One training run; its samples/s after ``skip`` steps (the harmonic mean of the steps'
     figures: their samples over their seconds, every step the same global batch)."""
-    cmd = [sys.executable, "-m", "orchestrator.train", "--config", str(config), "--steps",
-           str(steps), "--checkpoint-every", str(steps), "--out", str(out)]  # fmt: skip
-    _run(cmd)
+    args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps)]
+    run_module("orchestrator.train", [*args, "--out", str(out)])
     with (out / PROGRESS_CSV).open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
     return statistics.harmonic_mean([float(r["samples_per_s"]) for r in rows])
-
-
-def quick_search(out: Path) -> None:
-    """The smoke search of ``--quick``: 2 trials, a 3-pair race, no pruning (a pruned trial 1
-    would leave no finalist, so no verdict to check)."""
-    search = [sys.executable, "-m", "orchestrator.search", "--preset", "smoke", "--trials", "2",
-              "--out", str(out), "--set", "search.verdict_pairs=3", "--set", "search.prune=false",
-              "--set", "search.scaling_baseline=false"]  # fmt: skip
-    _run(search)
-
-
-def _run(cmd: list[str]) -> None:
-    """Run a command of the project's; its output is shown only if it fails."""
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}"
-                         f"{done.stderr[-3000:]}")  # fmt: skip
 
 
 def read_verdict(run: Path) -> Verdict:
@@ -156,12 +136,14 @@ def main(argv: list[str] | None = None) -> None:
                     "the verdict's leader, kept or not)")  # fmt: skip
     quick = "a smoke search (2 trials, a 3-pair race), then 2 pairs of 12 steps (the tests')"
     ap.add_argument("--quick", action="store_true", help=quick)
+    add_results_option(ap)
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp:
+    with (recording(__spec__.name, argv, args.results, args.quick) as figures,
+          tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp):  # fmt: skip
         work = Path(tmp)
         if args.quick:
             args.run, args.rounds, args.steps, args.skip = str(work / "search"), 2, 12, 3
-            quick_search(Path(args.run))
+            run_module("orchestrator.search", [*QUICK_SEARCH, "--out", args.run])
         if not args.run:
             ap.error("name a search's run folder (or --quick)")
         run = Path(args.run)
@@ -180,10 +162,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pair {k + 1}: trial {number} {got['finalist']:.2f} vs baseline "
                   f"{got['baseline']:.2f} samples/s = {ratios[-1]:.3f}", flush=True)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
-    print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
-          f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
-    print(f"verdict:   {verdict.line()}")
-    print(judged(verdict, number, paired))
+        print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
+              f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
+        print(f"verdict:   {verdict.line()}")
+        print(judged(verdict, number, paired))
+        figures.update(trial=number, steps=args.steps, pair_ratios=ratios, ratio=paired.ratio,
+                       low=paired.low, high=paired.high, verdict=verdict.line())  # fmt: skip
 
 
 def judged(verdict: Verdict, number: int, paired: PairedRatio) -> str:

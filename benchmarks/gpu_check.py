@@ -12,7 +12,8 @@ did?) and wall-clock of the same steps, peak memory both ways, samples/s and MFU
 
 One GPU is one rank: nothing crosses GPUs and DDP has nothing to overlap, so this checks
 correctness, timing and memory on CUDA, not NCCL between GPUs. From the repository root,
-``python benchmarks/gpu_check.py`` (3-5 min on an H200 by estimate, not yet run; CSV under $OUT).
+``python benchmarks/gpu_check.py`` (3-5 min on an H200 by estimate, not yet run; the CSV and the
+run's record under $OUT).
 ``--quick``: a tiny model on the CPU over gloo (fp32, bf16), so a test keeps the script running.
 """
 
@@ -43,6 +44,7 @@ if str(ROOT) not in sys.path:  # ``python benchmarks/gpu_check.py`` puts benchma
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks._record import add_results_option, recording  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
 from train_fns.loop import StepRunner, run_training  # noqa: E402
@@ -406,6 +408,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=32, help="a multiple of 4")
     p.add_argument("--budget-s", type=float, default=BUDGET_S,
                    help="start no configuration after this many seconds")
+    add_results_option(p)  # under $OUT by default, where the device tool sets it
+    p.set_defaults(results=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     # fmt: on
     args = p.parse_args()
     if args.global_batch % 4 or args.global_batch < 4:
@@ -415,30 +419,30 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    setup = make_setup(args)
-    print(describe(setup, args.quick), flush=True)
-    out = args.out or default_out(args.quick)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    init_group(setup.device)
-    with out.open("w", newline="", buffering=1) as f:  # line-buffered: each row as it ends
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        try:
-            rows = run_all(quick_cases() if args.quick else gpu_cases(), setup, args.budget_s,
-                           writer)  # fmt: skip
-        finally:
-            dist.destroy_process_group()
-    print("\n" + "\n".join(format_row(row) for row in [None, *rows]) + f"\n{LEGEND}")
-    params = max(row["num_params"] or 0 for row in rows)
-    leaked = sorted({"ray", "optuna"} & {name.split(".")[0] for name in sys.modules})
-    imports = leaked or "torch only, no Ray, no Optuna"
-    print(f"model: {params / 1e6:.1f}M parameters, {setup.global_batch * setup.seq_len} tokens "
-          f"per step; table: {out}; imports: {imports}")  # fmt: skip
-    if args.quick:
-        print("(CPU quick mode: not the GPU check)")
-    failed = [row["config"] for row in rows if row["error"] or row["guard"] == "CORRUPT"]
-    if failed:
-        print(f"gpu_check: failed, corrupt or not run: {', '.join(failed)}")
+    with recording("benchmarks.gpu_check", None, args.results, args.quick) as figures:
+        setup = make_setup(args)
+        print(describe(setup, args.quick), flush=True)
+        out = args.out or default_out(args.quick)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        init_group(setup.device)
+        with out.open("w", newline="", buffering=1) as f:  # line-buffered: each row as it ends
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            try:
+                rows = run_all(quick_cases() if args.quick else gpu_cases(), setup,
+                               args.budget_s, writer)  # fmt: skip
+            finally:
+                dist.destroy_process_group()
+        print("\n" + "\n".join(format_row(row) for row in [None, *rows]) + f"\n{LEGEND}")
+        params = max(row["num_params"] or 0 for row in rows)
+        leaked = sorted({"ray", "optuna"} & {name.split(".")[0] for name in sys.modules})
+        print(f"model: {params / 1e6:.1f}M parameters, {setup.global_batch * setup.seq_len} "
+              f"tokens per step; table: {out}; imports: {leaked or 'torch only, no Ray, no Optuna'}"
+              + ("\n(CPU quick mode: not the GPU check)" if args.quick else ""))  # fmt: skip
+        failed = [row["config"] for row in rows if row["error"] or row["guard"] == "CORRUPT"]
+        if failed:
+            print(f"gpu_check: failed, corrupt or not run: {', '.join(failed)}")
+        figures.update(rows=rows, failed=failed, leaked_imports=leaked)
     return 1 if failed or leaked else 0
 
 

@@ -18,36 +18,27 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from benchmarks._commands import run_module
+from benchmarks._record import add_results_option, recording
 from orchestrator.runfiles import TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
 
-ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"]
 
 
 def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str, float]:
     """One real search; returns its totals (seconds) and the command's wall-clock."""
     args = ["--preset", preset, "--out", str(out), "--set", f"search.warm={warm}", *QUIET, *extra]
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.search", *args], cwd=ROOT, capture_output=True,
-        text=True,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"{preset} warm={warm} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
+    ran = run_module("orchestrator.search", args)
     rows = read_csv(out / TRIALS_CSV)
     totals = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
     totals["trials"] = len(rows)
     totals["search_wall_s"] = read_run_info(out).search_wall_s or 0.0
-    totals["command_s"] = time.monotonic() - started
+    totals["command_s"] = ran.seconds
     return totals
 
 
@@ -92,20 +83,14 @@ def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
-    p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke only, 2 trials a search (what the tests run)")  # fmt: skip
-    args = p.parse_args(argv)
-    if args.quick:
-        args.presets, args.set = ["smoke"], [*args.set, "search.trials=2"]
-    extra = [item for kv in args.set for item in ("--set", kv)]
+def measure(
+    presets: list[str], extra: list[str]
+) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:
+    """Each preset's search cold, then warm: their totals, and whether they rank alike."""
     results: dict[tuple[str, str], dict[str, float]] = {}
     rankings = []
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
-        for preset in args.presets:
+        for preset in presets:
             for warm in (False, True):
                 mode = "warm" if warm else "cold"
                 print(f"running {preset} ({mode})...", flush=True)
@@ -115,17 +100,35 @@ def main(argv: list[str] | None = None) -> int:
             cold_out, warm_out = (Path(tmp) / f"{preset}-{m}" for m in ("cold", "warm"))
             rankings.append(ranking_line(preset, samples_per_s_by_config(cold_out),
                                          samples_per_s_by_config(warm_out)))  # fmt: skip
-    print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
-    print("\n".join(table(results)))
-    for preset in args.presets:
-        cold, warm = results[preset, "cold"], results[preset, "warm"]
-        ratio = warm["search_wall_s"] / cold["search_wall_s"]
-        print(
-            f"{preset}: warm/cold trials wall-clock {ratio:.2f}x, "
-            f"measured share {cold['measured_s'] / cold['search_wall_s']:.0%} -> "
-            f"{warm['measured_s'] / warm['search_wall_s']:.0%}"
-        )
-    print("\n".join(rankings))
+    return results, rankings
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
+    p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke only, 2 trials a search (what the tests run)")  # fmt: skip
+    add_results_option(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.presets, args.set = ["smoke"], [*args.set, "search.trials=2"]
+    extra = [item for kv in args.set for item in ("--set", kv)]
+    with recording(__spec__.name, argv, args.results, args.quick) as figures:
+        results, rankings = measure(args.presets, extra)
+        print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
+        print("\n".join(table(results)))
+        for preset in args.presets:
+            cold, warm = results[preset, "cold"], results[preset, "warm"]
+            ratio = warm["search_wall_s"] / cold["search_wall_s"]
+            print(
+                f"{preset}: warm/cold trials wall-clock {ratio:.2f}x, "
+                f"measured share {cold['measured_s'] / cold['search_wall_s']:.0%} -> "
+                f"{warm['measured_s'] / warm['search_wall_s']:.0%}"
+            )
+        print("\n".join(rankings))
+        figures.update(seconds={f"{p} {m}": t for (p, m), t in results.items()},
+                       rankings=rankings)  # fmt: skip
     return 0
 
 

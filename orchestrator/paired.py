@@ -9,7 +9,7 @@ each adjacent pair: drift that is slow next to a window cancels. The pairs' orde
 A pair's ratio is treated as a sample: their geometric mean is the finalist's ratio, and the
 interval is Student's t on the log ratios (exact for normal noise, whatever the noise's size:
 nothing is assumed about the machine). The sequential rule that uses it (``decide`` in
-``orchestrator.verdict``) looks after every pair; the A/A benchmark (``benchmarks/aa_verdict.py``)
+``orchestrator.verdict``) looks after every pair; the A/A benchmark (``benchmarks/calibration/aa_verdict.py``)
 measures how often that claims a gain where there is none.
 """
 
@@ -31,11 +31,10 @@ The two wrong answers cost differently: a false keep hands the user a configurat
 faster (it must be rare: a keep still needs the 95% interval's lower end above 1 + δ, and the
 A/A benchmark counts false keeps), a false "no gain" keeps the baseline the user already runs
 and misses a gain. Sequential designs stop for futility on a weaker bound for that reason.
-``benchmarks/futility.py`` (12 pairs, δ 4%, a pair's log ratio scattering by 8% as on a loaded
-2-core machine): the baseline's twin decided "no gain" in 74% of races (43% on the 95%
-interval's upper end), a 2% gain in 46% (17%), a 6% gain wrongly so in 7% (1%), a 10% gain
-never; false keeps cannot rise (a race that stops for futility keeps nothing). At 4% scatter:
-99% (90%) and 74% (41%)."""
+Simulated races through this code decide "no gain" far more often where there is none than
+the 95% interval's upper end did, and rarely where there is a real gain (the record named
+futility in benchmarks/results/); false keeps cannot rise (a race that stops for futility keeps
+nothing)."""
 _T_TABLES = {
     0.975: (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
             2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),
@@ -75,7 +74,7 @@ SLOW_WINDOW = 0.7
 so is its pair. A neighbour's burst slows a window far more than drift moves one within a race,
 so 70% tells the two apart. Ratios alone miss a neighbour that hits one side's windows pair
 after pair: the outlier test then casts out the one odd pair and keeps the rest, all slowed on
-the same side, and an A/A decision can "keep" the baseline's twin (``benchmarks/aa_verdict.py``
+the same side, and an A/A decision can "keep" the baseline's twin (``benchmarks/calibration/aa_verdict.py``
 beside a busy neighbour; the record named disturbed-pairs in benchmarks/results/). Only the
 baseline's windows are judged so: a finalist's slow window stays evidence against it (a
 configuration that stalls must not be kept for its fast windows), and the reference is the

@@ -74,9 +74,9 @@ MEASURE_ON = "measuring on from these pairs (the same command with --resume)"
 the race was measured on fewer than ``MEASURE_ON_TIMES`` times."""
 MEASURE_ON_TIMES = 2
 """Times a race may be measured on (``--resume``), each with its pair budget again: every pair
-is one more look at the interval, so the looks are bounded (``benchmarks.race_focus
---resumes 2``, pairs scattering by 6%, δ 2%: twins of the baseline kept in 1% of races, none
-without a resume; twins at 1 + δ in 17%, 8% without; finalists 4% faster in 69%, 28% without)."""
+is one more look at the interval, so the looks are bounded: each resume keeps real gains more
+often and twins of the baseline a little more often too (the record named race-focus-resumes
+in benchmarks/results/)."""
 
 
 def decide(low: float, high: float, delta: float, bound: float | None = None) -> str:

@@ -50,13 +50,13 @@ SWITCH_STEPS = 0
 the step after the switch counts in its window, which is one step longer than the search's
 (``Race.steps``), so a pair costs the steps it would with that step unmeasured. The switch step
 scatters as the others do, so whole visits pair tighter than the steps after the switch alone
-and one interval takes fewer pairs (``python -m benchmarks.step_noise``; the figures are in
+and one interval takes fewer pairs (``python -m benchmarks.calibration.step_noise``; the figures are in
 benchmarks/results/, the record named step-noise-switch-step). Under a median figure a window
 that began with the switch step paired worse; under the mean (``WINDOW_FIGURE``) it does not."""
 WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
 """A window's figure in a pair: from its mean step, what training pays for the steps. A/A pairs
 of windows scatter less from their means than from their medians, so the same interval takes
-fewer pairs (``python -m benchmarks.step_noise``; the record named step-noise-mean-median in
+fewer pairs (``python -m benchmarks.calibration.step_noise``; the record named step-noise-mean-median in
 benchmarks/results/). A neighbour's burst that slows one step shows in the mean; a pair it
 ruins is left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is
 for training."""
@@ -278,7 +278,7 @@ class Race:
         ``MIN_PAIRS`` clean pairs (none is judged before), and the leader among the others (the
         highest lower end, the one the verdict would keep): one whose pairs came out disturbed
         does not hold the leader's rounds up. Split evenly, near twins each got half the pairs and
-        neither decided; ``benchmarks/race_focus.py`` measures both rules side by side: the
+        neither decided; simulated races through this code, both rules side by side: the
         leader rule keeps real gains far more often and twins of the baseline never (the record
         named race-focus in benchmarks/results/). A leader decided against leaves, and the next
         one takes the rounds."""

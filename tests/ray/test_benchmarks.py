@@ -1,48 +1,51 @@
-"""Every benchmark keeps running: each script under benchmarks/ has a ``--quick`` mode, and the
-slow tier runs it as a user would, ``python -m benchmarks.NAME --quick``, checking the line that
-carries its figure. A new benchmark without a quick mode, or one this file does not run, fails
-the first test (in the quick tier: it reads files only)."""
+"""Every benchmark keeps running and leaves its record: each script under benchmarks/ (its
+folders too) has a ``--quick`` mode, and the slow tier runs it as a user would, ``python -m
+benchmarks.NAME --quick``, checking the line that carries its figure and the one record it
+writes into the folder the test gives it (``COMMTUNE_RESULTS``), never into the repository. A
+new benchmark without a quick mode, or one this file does not run, fails the first test (in the
+quick tier: it reads files only)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import _procs
 import pytest
 
+from benchmarks import _record
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = {
-    "bad_inputs": r"\| 2 \| [0-9.]+ \| .*error: .*\n\n2 bad inputs; slowest",
-    "search_efficiency": r"target staged median <= grid/5 .*\n.*8xA100-nvlink",
+    "calibration.bad_inputs": r"\| 2 \| [0-9.]+ \| .*error: .*\n\n2 bad inputs; slowest",
+    "calibration.search_efficiency": r"target staged median <= grid/5 .*\n.*8xA100-nvlink",
     "gpu_check": (r"NOT the GPU check[\s\S]*\nfp32 ddp acc1 \(baseline again\) +ok +[0-9.e+-]+ "
                   r"[\s\S]*; imports: torch only, no Ray, no Optuna\n"),
-    "workload_contract": r"smoke in one process: forward\+backward contract / before = [0-9.]+",
-    "step_noise": r"\nthe switch step alone \| [0-9.]+ \| [0-9.]+%\n?",
-    "host_malloc": (r"\ntuned: mean step [0-9.]+ s, .* page faults .*\n"
-                    r"tuned vs defaults: [0-9.]+x faster \(95% interval [0-9.]+-[0-9.]+ over 2 "),
-    "futility": r"\n8% \| 1\.00 \| new \| 0% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
-    "race_focus": r"\n6% \| 1\.08, 1\.04 \| leader \| \d+% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
+    "calibration.step_noise": r"\nthe switch step alone \| [0-9.]+ \| [0-9.]+%\n?",
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SEARCHES = {
     "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
-    "record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
-                    r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
-    "verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
-    "unused_cost": r"on / off: median [0-9.]+ \(range [0-9.]+-[0-9.]+ over 2 paired runs\)",
-    "aa_verdict": r"quiet: 3 decisions: .*\nfalse keeps: \d of 3 decisions \(\d+%\) at δ 2%",
+    "calibration.record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
+                                r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
+    "calibration.verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
+    "calibration.aa_verdict": (r"quiet: 3 decisions: .*\n"
+                               r"false keeps: \d of 3 decisions \(\d+%\) at δ 2%"),
     "delivered": (r"pair 2: trial \d+ [0-9.]+ vs baseline [0-9.]+ samples/s = [0-9.]+\n"
                   r"delivered: [0-9.]+x \(interval [0-9.]+-[0-9.]+ from 2 pairs of 12-step"
                   r"[\s\S]*the verdict's ratio [0-9.]+ for trial \d+ is (inside|OUTSIDE)"),
 }
-"""Script -> what its quick output must hold (real searches, or a warm group of spawned ranks:
-half a minute to a few minutes each)."""
+"""Script -> what its quick output must hold (real searches: half a minute to a few minutes
+each)."""
 
 
 def _scripts() -> set[str]:
-    return {p.stem for p in (ROOT / "benchmarks").glob("*.py")
-            if 'if __name__ == "__main__"' in p.read_text()}  # fmt: skip
+    """Every runnable script under benchmarks/, by its dotted name below ``benchmarks.``."""
+    found = (p.relative_to(ROOT / "benchmarks").with_suffix("")
+             for p in (ROOT / "benchmarks").rglob("*.py")
+             if 'if __name__ == "__main__"' in p.read_text())  # fmt: skip
+    return {".".join(p.parts) for p in found}
 
 
 def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
@@ -50,17 +53,24 @@ def test_every_benchmark_has_a_quick_mode_that_a_test_runs() -> None:
     assert scripts == set(QUICK) | set(SEARCHES), "run each benchmark's --quick here"
     assert not set(QUICK) & set(SEARCHES), "each benchmark once"
     for name in scripts:
-        assert '"--quick"' in (ROOT / "benchmarks" / f"{name}.py").read_text(), name
+        path = ROOT / "benchmarks" / f"{name.replace('.', '/')}.py"
+        assert '"--quick"' in path.read_text() and "recording(" in path.read_text(), name
 
 
-def _quick(name: str, pattern: str, timeout_s: float) -> None:
-    proc = _procs.python(f"benchmarks.{name}", ["--quick"], timeout=timeout_s)
+def _quick(name: str, pattern: str, timeout_s: float, results: Path) -> None:
+    env = {**os.environ, _record.RESULTS_ENV: str(results)}
+    proc = _procs.python(f"benchmarks.{name}", ["--quick"], timeout=timeout_s, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert re.search(pattern, proc.stdout), out[-3000:]
+    (path,) = results.iterdir()
+    record = _record.read(path)
+    assert record.benchmark == name.rsplit(".", 1)[-1] and record.figures, record
+    assert record.command.endswith(f"-m benchmarks.{name} --quick"), record.command
+    assert re.search(pattern, "\n".join(record.printed) + "\n"), record.printed[-20:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUICK) + sorted(SEARCHES))
-def test_quick_benchmark_runs(name: str) -> None:
-    _quick(name, QUICK.get(name) or SEARCHES[name], timeout_s=480)
+def test_quick_benchmark_runs(name: str, tmp_path: Path) -> None:
+    _quick(name, QUICK.get(name) or SEARCHES[name], timeout_s=480, results=tmp_path)

@@ -41,7 +41,8 @@ def files(tmp_path: Path) -> Path:
 
 
 def make_files(tmp_path: Path) -> Path:
-    """The bad files the cases name as ``{d}`` (benchmarks/bad_inputs.py builds them too)."""
+    """The bad files the cases name as ``{d}`` (benchmarks/calibration/bad_inputs.py builds them
+    too)."""
     (tmp_path / "afile").write_text("x")
     (tmp_path / "deep.yaml").write_text("env: " + "[" * 50_000 + "]" * 50_000 + "\n")
     (tmp_path / "bomb-env.yaml").write_text(_bomb("env", "NCCL_"))

@@ -3,10 +3,11 @@
 Runs ``python -m orchestrator.search`` with the grid sampler over the whole space of a preset
 (warm evaluation, no pruning, no cost-model seeds, no re-measurement) and writes one row per
 grid point: the params under their real names (empty where inactive), ``samples_per_s``,
-``cv`` (the trial's window spread) and ``state``. ``benchmarks/search_efficiency.py`` replays
-it. The stored ``benchmarks/data/cpu_demo_grid.csv`` came from:
+``cv`` (the trial's window spread) and ``state``. ``search_efficiency.py`` beside it replays
+it. The stored ``data/cpu_demo_grid.csv`` beside it came from:
 
-    python -m benchmarks.record_grid --preset cpu-demo --csv benchmarks/data/cpu_demo_grid.csv
+    python -m benchmarks.calibration.record_grid --preset cpu-demo \
+        --csv benchmarks/calibration/data/cpu_demo_grid.csv
 
 (about 25 minutes on the 2-core CI machine; nothing else should run meanwhile). ``--quick``
 records the smoke preset's accumulation space alone (what the tests run).
@@ -16,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._commands import run_module
+from benchmarks._record import add_results_option, recording
 from orchestrator.runfiles import TRIALS_CSV
 
-ROOT = Path(__file__).resolve().parents[1]
 FIXED = [
     "search.sampler=grid", "search.trials=10000", "search.prune=false", "search.remeasure_top=0",
     "search.scaling_baseline=false", "search.cost_model_seeds=0", "search.group_size=10000",
@@ -32,10 +33,11 @@ FIXED = [
 
 
 def record(preset: str, out: Path, extra: list[str]) -> Path:
-    """Run the grid search into ``out``; returns its trials.csv."""
+    """Run the grid search into ``out`` (its progress shown as it goes); returns its
+    trials.csv."""
     sets = [item for kv in [*FIXED, *extra] for item in ("--set", kv)]
-    cmd = [sys.executable, "-m", "orchestrator.search", "--preset", preset, "--out", str(out)]
-    subprocess.run([*cmd, *sets], cwd=ROOT, check=True)
+    run_module("orchestrator.search", ["--preset", preset, "--out", str(out), *sets],
+               on_line=print)  # fmt: skip
     return out / TRIALS_CSV
 
 
@@ -62,17 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="the smoke preset's accumulation space alone, into a temporary file "
                    "unless --csv (what the tests run)")  # fmt: skip
+    add_results_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.preset, args.set = "smoke", [*args.set, "search.spaces=[accumulation]", "strategy=ddp"]
     elif args.csv is None:
         p.error("--csv is required (where the landscape goes)")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="commtune-grid-") as tmp:
+    with (recording(__spec__.name, argv, args.results, args.quick) as figures,
+          tempfile.TemporaryDirectory(prefix="commtune-grid-") as tmp):  # fmt: skip
         dest = args.csv or Path(tmp) / "landscape.csv"  # --quick without --csv: shown, not kept
-        count = convert(record(args.preset, Path(tmp) / "grid", args.set), dest)
+        trials = record(args.preset, Path(tmp) / "grid", args.set)
+        count = convert(trials, dest)
         print(dest.read_text(), end="")
-    print(f"{count} grid points written to {dest} in {time.monotonic() - started:.0f}s")
+        print(f"{count} grid points written to {dest} in {time.monotonic() - started:.0f}s")
+        figures.update(preset=args.preset, grid_points=count, csv=str(args.csv or ""))
     return 0
 
 

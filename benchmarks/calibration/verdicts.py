@@ -9,9 +9,9 @@ those flagged disturbed). A verdict a user can bet on is the
 same finalist (or the same "keep the baseline") on the clean runs, and the hogged run either
 agrees, measures the disturbed runs again, or says it is too noisy to decide.
 
-    python -m benchmarks.verdicts                    # 3 clean + 1 hogged (about 30 min, 2 cores)
-    python -m benchmarks.verdicts --clean 1 --hogged 0
-    python -m benchmarks.verdicts --quick            # one smoke search (what the tests run)
+    python -m benchmarks.calibration.verdicts             # 3 clean + 1 hogged (about 30 min)
+    python -m benchmarks.calibration.verdicts --clean 1 --hogged 0
+    python -m benchmarks.calibration.verdicts --quick     # one smoke search (the tests')
 """
 
 from __future__ import annotations
@@ -20,15 +20,14 @@ import argparse
 import csv
 import multiprocessing
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._commands import QUICK_SEARCH, run_module
+from benchmarks._record import add_results_option, recording
 from orchestrator.runfiles import REMEASURE_CSV
 
-ROOT = Path(__file__).resolve().parents[1]
 REMEASURE_MARK = "finalists:"
 """The search's line naming its finalists, before they are measured again: the hog starts."""
 
@@ -50,25 +49,22 @@ def _hog(seconds: float) -> list[multiprocessing.Process]:
 
 def run_once(out: Path, hog_s: float | None, extra: list[str]) -> dict[str, str]:
     """One default search; with ``hog_s``, a hog starts at its first re-measurement line."""
-    cmd = [sys.executable, "-m", "orchestrator.search", "--out", str(out), *extra]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
-    lines: list[str] = []
     hogs: list[multiprocessing.Process] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip())
+
+    def hog_at_the_race(line: str) -> None:
         if hog_s is not None and not hogs and line.startswith(REMEASURE_MARK):
-            hogs = _hog(hog_s)
+            hogs.extend(_hog(hog_s))
             print(f"  hog: {len(hogs)} busy process(es) for {hog_s:.0f} s", flush=True)
-    code = proc.wait()
-    for p in hogs:
-        p.join()
-    if code != 0:
-        raise SystemExit(f"search exited {code}:\n" + "\n".join(lines[-30:]))
+
+    try:
+        ran = run_module("orchestrator.search", ["--out", str(out), *extra],
+                         on_line=hog_at_the_race)  # fmt: skip
+    finally:
+        for p in hogs:
+            p.join()
+    lines = ran.stdout.splitlines()
     verdict = next((x.strip() for x in reversed(lines) if x.startswith(_VERDICT)), "(no verdict)")
-    wall_s = f"{time.monotonic() - started:.0f}"
+    wall_s = f"{ran.seconds:.0f}"
     path = out / REMEASURE_CSV
     return {"wall_s": wall_s, "verdict": verdict, "disturbed": _disturbed(path),
             "sequence": _sequence(path)}  # fmt: skip
@@ -125,20 +121,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", metavar="DIR",
                     help="keep each run's folder under DIR (for benchmarks.delivered)")
     ap.add_argument("--quick", action="store_true",
-                    help="one clean smoke search: 2 trials, a race of 3 pairs, no 1-worker "
-                         "baseline (what the tests run)")  # fmt: skip
+                    help="one clean smoke search (benchmarks._commands.QUICK_SEARCH: 2 trials, "
+                         "a race of 3 pairs; what the tests run)")  # fmt: skip
+    add_results_option(ap)
     args = ap.parse_args(argv)
     extra = [x for kv in args.set for x in ("--set", kv)]
     if args.quick:
-        short = ["--set", "search.verdict_pairs=3", "--set", "search.scaling_baseline=false"]
         args.clean, args.hogged = 1, 0
-        extra = ["--preset", "smoke", "--trials", "2", *short, *extra]
+        extra = [*QUICK_SEARCH, *extra]
     plan = [None] * args.clean + [args.hog_s] * args.hogged
-    with tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp:
+    with (recording(__spec__.name, argv, args.results, args.quick) as figures,
+          tempfile.TemporaryDirectory(prefix="commtune-verdicts-") as tmp):  # fmt: skip
         where = Path(args.keep or tmp)
+        figures["runs"] = []
         for i, hog_s in enumerate(plan):
             print(f"run {i + 1}/{len(plan)}{' (hogged)' if hog_s else ''} ...", flush=True)
             row = run_once(where / f"run{i}", hog_s, extra)
+            figures["runs"].append({"hog_s": hog_s, **row})
             print(f"  {row['wall_s']} s; {row['disturbed']}\n  {row['sequence']}\n"
                   f"  {row['verdict']}", flush=True)  # fmt: skip
 

@@ -9,9 +9,9 @@ each finalist, less the first three each of the others take): every pair is one 
 Every ``--busy-every``-th decision runs beside a neighbour: one process per core that is busy
 and idle in turns of random length (1 to 8 s), the disturbance that pairing must survive.
 
-    python -m benchmarks.aa_verdict                       # cpu-demo, 20 decisions, every 2nd busy
-    python -m benchmarks.aa_verdict --decisions 40 --busy-every 0
-    python -m benchmarks.aa_verdict --quick               # smoke, 3 decisions (what the tests run)
+    python -m benchmarks.calibration.aa_verdict           # cpu-demo, 20 decisions, every 2nd busy
+    python -m benchmarks.calibration.aa_verdict --decisions 40 --busy-every 0
+    python -m benchmarks.calibration.aa_verdict --quick   # smoke, 3 decisions (the tests')
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks._record import add_results_option, recording
 from orchestrator.config import load_config
 from orchestrator.paired import MIN_PAIRS, noise_floor
 from orchestrator.plans import resolve_task
 from orchestrator.runfiles import storage_dir
-from orchestrator.search import race as race_mod
 from orchestrator.search.context import space_of
 from orchestrator.search.pipeline import search_context
-from orchestrator.search.race import Race
+from orchestrator.search.race import SWITCH_STEPS, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
 from orchestrator.session import resolve_gpu, start_ray
@@ -82,10 +82,12 @@ class Repeated(Race):
     """The race with the baseline's twin as its one finalist, decided ``decisions`` times."""
 
     def __init__(
-        self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int, floor: float
-    ) -> None:
+        self, ctx: TrialContext, base: TrialRecord, decisions: int, busy_every: int, floor: float,
+        switch_steps: int,
+    ) -> None:  # fmt: skip
         twin = TrialRecord(1, m.COMPLETE, "", dict(base.params), {})
-        super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor)
+        super().__init__(ctx, base, [twin], say=lambda line: None, floor=floor,
+                         switch_steps=switch_steps)  # fmt: skip
         self.decisions, self.busy_every = decisions, busy_every
         # as many pairs as the search's race can give its leader: the other finalists take
         # their first MIN_PAIRS each, the leader the rest (more looks, more chances to keep)
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default="cpu-demo")
     ap.add_argument("--decisions", type=int, default=20)
     ap.add_argument("--busy-every", type=int, default=2, help="0: never busy")
-    ap.add_argument("--switch-steps", type=int, default=race_mod.SWITCH_STEPS,
+    ap.add_argument("--switch-steps", type=int, default=SWITCH_STEPS,
                     help="unmeasured steps before each window, taken from its steps: a visit "
                          "stays the search's window and one step (what the race runs: "
                          "%(default)s)")
@@ -152,13 +154,31 @@ def main(argv: list[str] | None = None) -> None:
                     help="trials of the baseline the noise floor is measured from, as a search's "
                          "completed trials (default %(default)s; at least 2)")
     ap.add_argument("--quick", action="store_true", help="smoke, 3 decisions, never busy")
+    add_results_option(ap)
     args = ap.parse_args(argv)
     if args.calibration_trials < 2:
         ap.error(f"--calibration-trials {args.calibration_trials}: a noise floor needs at least 2")
-    race_mod.SWITCH_STEPS = args.switch_steps
     if args.quick:
         args.preset, args.decisions, args.busy_every = "smoke", 3, 0
         args.calibration_trials = 2
+    with recording(__spec__.name, argv, args.results, args.quick) as figures:
+        race = decide_again_and_again(args)
+        figures.update(preset=args.preset, delta=race.delta, steps=race.steps,
+                       switch_steps=race.switch_steps, max_pairs=race.max_pairs, floor=race.floor,
+                       baseline=race.base.record.value, false_keeps=summary(race),
+                       decisions=[dict(zip(DECISION, r, strict=True)) for r in race.results])
+        if race.ended:
+            raise SystemExit(f"the race ended early: {race.ended}")
+        if len(race.results) < args.decisions:
+            raise SystemExit(f"only {len(race.results)} of {args.decisions} decisions were taken")
+
+
+DECISION = ("busy", "decision", "pairs", "ratio", "low", "high")
+"""A decision's figures, as ``Repeated.results`` holds them."""
+
+
+def decide_again_and_again(args: argparse.Namespace) -> Repeated:
+    """Calibrate the baseline, then race it against its twin ``args.decisions`` times."""
     config = load_config(None, args.preset, [])
     start_ray(config, verbose=False)
     use_gpu = resolve_gpu(config)
@@ -167,12 +187,17 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="commtune-aa-") as tmp:
         ctx = TrialContext(config, space, use_gpu, storage_dir(Path(tmp)), resolve_task(config))
         base, floor = calibrate(ctx, base, args.calibration_trials)
-        race = Repeated(ctx, base, args.decisions, args.busy_every, floor)
+        race = Repeated(ctx, base, args.decisions, args.busy_every, floor, args.switch_steps)
         print(f"A/A: {args.preset}, the baseline against its twin, {args.decisions} decisions "
               f"(δ {race.delta * 100:g}%, {race.steps} steps a window, at most {race.max_pairs} "
               f"pairs a decision, noise floor {floor:.1%} as a search would measure it, "
               f"baseline {base.value:.2f} samples/s in its search trial)", flush=True)  # fmt: skip
         race.run()
+    return race
+
+
+def summary(race: Repeated) -> int:
+    """Print the decisions' tally, quiet and busy apart; returns the false keeps."""
     counts = Counter(r[1] for r in race.results)
     for busy in (False, True):
         part = [r for r in race.results if r[0] == busy]
@@ -183,10 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     keeps = counts.get(KEEP, 0)
     print(f"false keeps: {keeps} of {len(race.results)} decisions "
           f"({keeps / max(1, len(race.results)):.0%}) at δ {race.delta * 100:g}%")
-    if race.ended:
-        raise SystemExit(f"the race ended early: {race.ended}")
-    if len(race.results) < args.decisions:
-        raise SystemExit(f"only {len(race.results)} of {args.decisions} decisions were taken")
+    return keeps
 
 
 if __name__ == "__main__":

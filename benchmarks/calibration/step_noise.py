@@ -10,9 +10,9 @@ first follows a switch), and, for each way of turning a visit into a window figu
 of the two configurations and the spread of its log over the rounds: the smaller that spread,
 the fewer pairs a decision needs.
 
-    python -m benchmarks.step_noise                    # bert-mini, A/A, 12 rounds of 4 steps
-    python -m benchmarks.step_noise --accumulation 1,4 --rounds 12
-    python -m benchmarks.step_noise --quick            # bert-tiny, 3 short rounds: seconds
+    python -m benchmarks.calibration.step_noise        # bert-mini, A/A, 12 rounds of 4 steps
+    python -m benchmarks.calibration.step_noise --accumulation 1,4 --rounds 12
+    python -m benchmarks.calibration.step_noise --quick   # bert-tiny, 3 short rounds: seconds
 
 Torch and transformers only (no Ray): the scatter is the machine's and the two ranks', not
 Ray's.
@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from benchmarks._record import add_results_option, recording
 
 MODELS = {
     "bert-mini": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -104,8 +106,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def report(visits: dict[tuple[int, int], list[float]], rounds: int) -> list[str]:
-    """The printed lines from the timed steps, by (round, configuration)."""
+def report(
+    visits: dict[tuple[int, int], list[float]], rounds: int, figures: dict[str, object]
+) -> list[str]:
+    """The printed lines from the timed steps, by (round, configuration); their figures go
+    into ``figures``."""
     steps = [t for ts in visits.values() for t in ts]
     mean = statistics.fmean(steps)
     lines = [f"steps: {len(steps)}, mean {mean:.3f} s, cv {statistics.stdev(steps) / mean:.1%}"]
@@ -114,15 +119,18 @@ def report(visits: dict[tuple[int, int], list[float]], rounds: int) -> list[str]
     lines.append("mean step by position in a visit (0: after a switch): "
                  + ", ".join(f"{t:.3f}" for t in by_position))  # fmt: skip
     lines.append("window figure | ratio c1/c0 | log-ratio spread over rounds")
+    pairs = {}
     for name, estimate in ESTIMATORS.items():
         logs = [math.log(estimate(visits[(r, 0)]) / estimate(visits[(r, 1)]))
                 for r in range(rounds)]  # fmt: skip
-        lines.append(f"{name} | {math.exp(statistics.fmean(logs)):.3f} | "
-                     f"{statistics.stdev(logs):.1%}")  # fmt: skip
+        pairs[name] = {"ratio": math.exp(statistics.fmean(logs)), "spread": statistics.stdev(logs)}
+        lines.append(f"{name} | {pairs[name]['ratio']:.3f} | {pairs[name]['spread']:.1%}")
+    figures.update(steps=len(steps), mean_step_s=mean, step_cv=statistics.stdev(steps) / mean,
+                   mean_step_by_position_s=by_position, window_figures=pairs)  # fmt: skip
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="bert-tiny, 3 short rounds")
     parser.add_argument("--model", choices=sorted(MODELS), default="bert-mini")
@@ -131,7 +139,8 @@ def main() -> None:
     parser.add_argument("--visit", type=int, default=4, help="steps per visit (at least 3)")
     parser.add_argument("--per-rank", type=int, default=16, help="samples per rank and step")
     parser.add_argument("--seq-len", type=int, default=64)
-    args = parser.parse_args()
+    add_results_option(parser)
+    args = parser.parse_args(argv)
     if args.quick:  # a check that it runs, not a figure: bert-tiny, short steps, few rounds
         args.model, args.rounds, args.visit, args.per_rank, args.seq_len = "bert-tiny", 3, 3, 4, 32
     args.accumulation = [int(a) for a in args.accumulation.split(",")]
@@ -140,19 +149,20 @@ def main() -> None:
                  "--rounds at least 2")  # fmt: skip
     if any(args.per_rank % a for a in args.accumulation):
         sys.exit(f"--per-rank {args.per_rank} must divide by each accumulation count")
-    print(
-        f"step noise: {args.model}, 2 gloo ranks, accumulation {args.accumulation[0]} vs "
-        f"{args.accumulation[1]}, {args.rounds} rounds of {args.visit} steps each",
-        flush=True,
-    )
-    with tempfile.TemporaryDirectory() as tmp:
+    with (recording(__spec__.name, argv, args.results, args.quick) as figures,
+          tempfile.TemporaryDirectory() as tmp):  # fmt: skip
+        print(f"step noise: {args.model}, 2 gloo ranks, accumulation {args.accumulation[0]} vs "
+              f"{args.accumulation[1]}, {args.rounds} rounds of {args.visit} steps each",
+              flush=True)  # fmt: skip
         out = str(Path(tmp) / "steps.txt")
         mp.spawn(run_rank, args=(args, free_port(), out), nprocs=2)
         visits: dict[tuple[int, int], list[float]] = {}
         for line in Path(out).read_text().splitlines():
             r, k, seconds = line.split()
             visits.setdefault((int(r), int(k)), []).append(float(seconds))
-    print("\n".join(report(visits, args.rounds)))
+        figures.update(model=args.model, accumulation=args.accumulation, rounds=args.rounds,
+                       visit=args.visit)  # fmt: skip
+        print("\n".join(report(visits, args.rounds, figures)))
 
 
 if __name__ == "__main__":

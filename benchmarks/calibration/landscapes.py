@@ -1,9 +1,10 @@
 """Landscapes for the search-efficiency benchmark: every grid point's true throughput.
 
-Two sources: a grid recorded from real runs (``benchmarks/data/cpu_demo_grid.csv``: one row
-per grid point, the params under their real names with an empty cell where inactive, then
+Two sources: a grid recorded from real runs (``data/cpu_demo_grid.csv`` beside this file: one
+row per grid point, the params under their real names with an empty cell where inactive, then
 ``samples_per_s``, ``cv`` and ``state``), and grids simulated with
-:mod:`benchmarks.gpu_model`. Each comes with the cost-model seeds the live search would use.
+:mod:`benchmarks.calibration.gpu_model`. Each comes with the cost-model seeds the live search
+would use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import gpu_model
+from benchmarks.calibration import gpu_model
 from orchestrator.config import SearchConfig
 from orchestrator.costmodel import ModelSize
 from orchestrator.search.proposer import cost_model_seeds, search_seeds
@@ -91,7 +92,8 @@ complete landscape of the rest; rows with another value of one are left out (and
 GRID_LIMIT = 50_000
 """Checkpointing under DDP doubled the simulated grids past the search's own cap (10,000)."""
 UNMODELLED = HELD[:3]
-"""Knobs :mod:`benchmarks.gpu_model` does not model: held at their defaults in its landscapes."""
+"""Knobs :mod:`benchmarks.calibration.gpu_model` does not model: held at their defaults in its
+landscapes."""
 
 
 def held_space(names: list[str], context: SearchContext, held: tuple[str, ...]) -> SearchSpace:
@@ -116,8 +118,8 @@ def load_recorded(path: Path = CPU_DEMO_CSV) -> Landscape:
     """The recorded cpu-demo grid; rows match grid points by their cells' text."""
     if not path.exists():
         raise FileNotFoundError(
-            f"{path} is missing: record it with python -m benchmarks.record_grid --preset "
-            f"cpu-demo --csv {path}, or pass --cpu-demo-csv PATH"
+            f"{path} is missing: record it with python -m benchmarks.calibration.record_grid "
+            f"--preset cpu-demo --csv {path}, or pass --cpu-demo-csv PATH"
         )
     space, held = cpu_demo_space(HELD), _defaults(HELD)
     names = space.param_names

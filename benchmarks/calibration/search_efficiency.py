@@ -1,12 +1,13 @@
 """How many trials each search strategy needs to get within 3% of the best configuration.
 
-``python -m benchmarks.search_efficiency [--seeds 20] [--landscape NAME ...] [--quick]``
+``python -m benchmarks.calibration.search_efficiency [--seeds 20] [--landscape NAME ...]
+[--quick]``
 
 For each landscape (a recorded cpu-demo grid, and BERT-large on the motivating GPU clusters
-simulated by :mod:`benchmarks.gpu_model`) and each strategy, a fresh in-memory Optuna study
-is driven as the live search drives it: baseline first, ``Proposer.refill`` before every
-ask, a noisy value told per evaluation (relative noise of the point's CV, drawn from the
-run's seed), infeasible points told as FAIL. A run stops when the best *true* value among
+simulated by :mod:`benchmarks.calibration.gpu_model`) and each strategy, a fresh in-memory
+Optuna study is driven as the live search drives it: baseline first, ``Proposer.refill``
+before every ask, a noisy value told per evaluation (relative noise of the point's CV, drawn
+from the run's seed), infeasible points told as FAIL. A run stops when the best *true* value among
 the configurations it evaluated is within 3% of the grid optimum, or at the cap (the grid
 size, or ``--max-trials`` if smaller: TPE slows down past a few hundred trials; shown as
 ``>cap``, which ranks a missed run above any finished one). The Proposer's budget is the
@@ -32,8 +33,9 @@ from pathlib import Path
 
 import optuna
 
-from benchmarks import gpu_model
-from benchmarks.landscapes import (
+from benchmarks._record import add_results_option, recording
+from benchmarks.calibration import gpu_model
+from benchmarks.calibration.landscapes import (
     CPU_DEMO_CSV,
     GRID_LIMIT,
     Landscape,
@@ -103,8 +105,10 @@ def summary(counts: Sequence[int], cap: int) -> tuple[float, str]:
     return median, f"{show(median)} [{show(q1)}-{show(q3)}] (max {show(max(counts))})"
 
 
-def bench(land: Landscape, seeds: Sequence[int], max_trials: int, tolerance: float) -> list[str]:
-    """The table of one landscape, then whether the targets hold."""
+def bench(
+    land: Landscape, seeds: Sequence[int], max_trials: int, tolerance: float
+) -> tuple[list[str], dict[str, float]]:
+    """The table of one landscape, then whether the targets hold; and each strategy's median."""
     size = len(land.points)
     cap = min(size, max_trials)
     feasible = sum(p.value is not None for p in land.points.values())
@@ -128,7 +132,7 @@ def bench(land: Landscape, seeds: Sequence[int], max_trials: int, tolerance: flo
         f"{'ok' if default <= size / 5 else 'MISSED'}; <= random's ({medians['random']:g}): "
         f"{'ok' if default <= medians['random'] else 'MISSED'}"
     )
-    return lines
+    return lines, medians
 
 
 def landscapes(names: Sequence[str] | None, csv_path: Path) -> list[Landscape]:
@@ -147,7 +151,7 @@ def landscapes(names: Sequence[str] | None, csv_path: Path) -> list[Landscape]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     names = ["cpu-demo", *(c.name for c in gpu_model.CLUSTERS)]
-    p = argparse.ArgumentParser(prog="python -m benchmarks.search_efficiency", description=__doc__,
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--seeds", type=int, default=20, help="runs per strategy (default 20)")
     p.add_argument("--landscape", action="append", choices=names, help="repeatable; default all")
@@ -159,16 +163,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true",
                    help="2 seeds, 60 trials, cpu-demo and 8xA100-nvlink (seconds; what the "
                    "tests run)")  # fmt: skip
+    add_results_option(p)
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.max_trials = 2, 60
         args.landscape = args.landscape or ["cpu-demo", "8xA100-nvlink"]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.perf_counter()
-    for land in landscapes(args.landscape, Path(args.cpu_demo_csv)):
-        lines = bench(land, range(args.seeds), args.max_trials, args.tolerance)
-        print("\n".join(lines), flush=True)
-    print(f"total {time.perf_counter() - start:.0f} s")
+    with recording(__spec__.name, argv, args.results, args.quick) as figures:
+        figures.update(seeds=args.seeds, max_trials=args.max_trials, tolerance=args.tolerance)
+        for land in landscapes(args.landscape, Path(args.cpu_demo_csv)):
+            lines, medians = bench(land, range(args.seeds), args.max_trials, args.tolerance)
+            figures[land.name.split(" ")[0]] = {"landscape": land.name, "median_trials": medians,
+                                                "grid_points": len(land.points)}  # fmt: skip
+            print("\n".join(lines), flush=True)
+        print(f"total {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":
