@@ -9,8 +9,9 @@ each adjacent pair: drift that is slow next to a window cancels. The pairs' orde
 A pair's ratio is treated as a sample: their geometric mean is the finalist's ratio, and the
 interval is Student's t on the log ratios (exact for normal noise, whatever the noise's size:
 nothing is assumed about the machine). The sequential rule that uses it (``decide`` in
-``orchestrator.verdict``) looks after every pair; the A/A benchmark (``benchmarks/calibration/aa_verdict.py``)
-measures how often that claims a gain where there is none.
+``orchestrator.verdict``) looks after every pair; the A/A benchmark
+(``benchmarks/calibration/aa_verdict.py``) measures how often that claims a gain where there is
+none.
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ SLOW_WINDOW = 0.7
 so is its pair. A neighbour's burst slows a window far more than drift moves one within a race,
 so 70% tells the two apart. Ratios alone miss a neighbour that hits one side's windows pair
 after pair: the outlier test then casts out the one odd pair and keeps the rest, all slowed on
-the same side, and an A/A decision can "keep" the baseline's twin (``benchmarks/calibration/aa_verdict.py``
-beside a busy neighbour; the record named disturbed-pairs in benchmarks/results/). Only the
-baseline's windows are judged so: a finalist's slow window stays evidence against it (a
-configuration that stalls must not be kept for its fast windows), and the reference is the
-search's figure, not the race's fastest window (one window fast by a glitch would cast out every
-other)."""
+the same side, and an A/A decision can "keep" the baseline's twin
+(``benchmarks/calibration/aa_verdict.py`` beside a busy neighbour; the record named disturbed-pairs
+in benchmarks/results/). Only the baseline's windows are judged so: a finalist's slow window stays
+evidence against it (a configuration that stalls must not be kept for its fast windows), and the
+reference is the search's figure, not the race's fastest window (one window fast by a glitch would
+cast out every other)."""
 
 
 @dataclass(frozen=True)

@@ -50,16 +50,17 @@ SWITCH_STEPS = 0
 the step after the switch counts in its window, which is one step longer than the search's
 (``Race.steps``), so a pair costs the steps it would with that step unmeasured. The switch step
 scatters as the others do, so whole visits pair tighter than the steps after the switch alone
-and one interval takes fewer pairs (``python -m benchmarks.calibration.step_noise``; the figures are in
-benchmarks/results/, the record named step-noise-switch-step). Under a median figure a window
-that began with the switch step paired worse; under the mean (``WINDOW_FIGURE``) it does not."""
+and one interval takes fewer pairs (``python -m benchmarks.calibration.step_noise``; the
+figures are in benchmarks/results/, the record named step-noise-switch-step). Under a median figure
+a window that began with the switch step paired worse; under the mean (``WINDOW_FIGURE``) it does
+not."""
 WINDOW_FIGURE = m.MEAN_SAMPLES_PER_S
 """A window's figure in a pair: from its mean step, what training pays for the steps. A/A pairs
 of windows scatter less from their means than from their medians, so the same interval takes
-fewer pairs (``python -m benchmarks.calibration.step_noise``; the record named step-noise-mean-median in
-benchmarks/results/). A neighbour's burst that slows one step shows in the mean; a pair it
-ruins is left out as disturbed (``paired.PairedRatio``), one it only dents is evidence, as it is
-for training."""
+fewer pairs (``python -m benchmarks.calibration.step_noise``; the record named
+step-noise-mean-median in benchmarks/results/). A neighbour's burst that slows one step shows in
+the mean; a pair it ruins is left out as disturbed (``paired.PairedRatio``), one it only dents is
+evidence, as it is for training."""
 WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
 follows, and the correctness guard judged these configurations in the search already (its

@@ -614,8 +614,8 @@ def _sequential(ratios: list[float], floor: float, delta: float) -> str:
 
 
 # Recorded decisions of the A/A benchmark (the baseline against itself, δ 4%, cpu-demo on 2
-# cores; `python -m benchmarks.calibration.aa_verdict`): floor, then each decision's pairs. The last two
-# of the second run had a busy neighbour.
+# cores; `python -m benchmarks.calibration.aa_verdict`): floor, then each decision's pairs. The
+# last two of the second run had a busy neighbour.
 _AA_RECORDED = (
     (0.034, [[0.935, 1.025, 1.081, 0.985, 1.014, 0.976], [1.006, 1.046, 0.898, 0.890, 0.984, 1.008],
              [0.920, 0.969, 1.061, 1.016, 0.923, 0.995], [0.966, 1.100, 1.000, 1.272, 1.031, 0.988],
