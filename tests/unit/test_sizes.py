@@ -58,8 +58,8 @@ def test_multi_node_variables_are_dropped_on_one_node_and_inert_ones_kept() -> N
     assert {k for k, _, _ in one_node.dropped} == {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}
     on_gloo = fit(entries, Layout(2), {**GPU, "use_gpu": False})  # inert at every size there:
     assert on_gloo.env == env and not on_gloo.dropped  # not the resize's to drop
-    nvls = {4: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
-    on_one = fit(nvls, Layout(4, 1), {**GPU, "nvswitch": True})
+    nvls = {8: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
+    on_one = fit(nvls, Layout(8, 1), {**GPU, "nvswitch": True})  # 8 on 2 nodes run NVLSTree
     assert on_one.env == {} and "several nodes" in on_one.dropped[0][2]
 
 
