@@ -96,6 +96,9 @@ class SearchContext:
     """The network NCCL carries traffic between nodes on, as the workers' node shows it
     (``runfiles.files.net_transport``): ``ib`` (InfiniBand or RoCE verbs), ``efa`` (AWS EFA
     through the OFI plugin), ``socket`` (TCP), ``unknown`` (not read: every knob stays)."""
+    nccl_version: str | None = None
+    """The workers' NCCL (``2.27.5``; None: not known): NCCL before 2.24 misreads a
+    ``coll:`` prefix, so no prefixed NCCL_ALGO/NCCL_PROTO value is offered there."""
 
     def __post_init__(self) -> None:
         for field in ("backend", "strategy_mode", "precision", "transport"):

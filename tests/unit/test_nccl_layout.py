@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.search.outcome import classify_failure
 from orchestrator.runfiles.files import net_transport
+from orchestrator.search.outcome import classify_failure
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
@@ -65,9 +65,11 @@ def test_nccl_buffers_times_channels_stay_bounded() -> None:
 
 
 def test_an_nccl_allocation_failure_is_out_of_memory() -> None:
-    text = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
-            "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call to "
-            "CUDA function failed.\nLast error:\nFailed to CUDA calloc async 608 bytes")  # fmt: skip
+    text = (
+        "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO "
+        "for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA function "
+        "failed.\nLast error:\nFailed to CUDA calloc async 608 bytes"
+    )
     state, reason = classify_failure(RuntimeError(text), PLAN)
     assert state == m.OOM and "NCCL" in reason
 
@@ -78,7 +80,8 @@ def test_an_nccl_allocation_failure_is_out_of_memory() -> None:
         ("socket", {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}),
         ("ib", {"NCCL_IB_QPS_PER_CONNECTION"}),
         ("efa", set()),
-        ("unknown", {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_IB_QPS_PER_CONNECTION"}),
+        ("unknown", {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD",
+                     "NCCL_IB_QPS_PER_CONNECTION"}),  # fmt: skip
     ],
 )
 def test_transport_knobs_are_searched_only_on_their_transport(transport: str, offered: set) -> None:
