@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:  # ``python benchmarks/gpu_check.py`` puts benchma
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks.gpu_check_stages import nccl_values_stage, versions_stage  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
 from train_fns.loop import StepRunner, run_training  # noqa: E402
@@ -417,6 +418,7 @@ def main() -> int:
     args = parse_args()
     setup = make_setup(args)
     print(describe(setup, args.quick), flush=True)
+    stages_failed = versions_stage(not args.quick) + nccl_values_stage(not args.quick)
     out = args.out or default_out(args.quick)
     out.parent.mkdir(parents=True, exist_ok=True)
     init_group(setup.device)
@@ -437,6 +439,7 @@ def main() -> int:
     if args.quick:
         print("(CPU quick mode: not the GPU check)")
     failed = [row["config"] for row in rows if row["error"] or row["guard"] == "CORRUPT"]
+    failed += stages_failed
     if failed:
         print(f"gpu_check: failed, corrupt or not run: {', '.join(failed)}")
     return 1 if failed or leaked else 0
