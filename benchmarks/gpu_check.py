@@ -45,6 +45,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks._record import add_results_option, recording  # noqa: E402
+from benchmarks.gpu_check_stages import nccl_values_stage, versions_stage  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
 from train_fns.loop import StepRunner, run_training  # noqa: E402
@@ -422,6 +423,7 @@ def main() -> int:
     with recording("benchmarks.gpu_check", None, args.results, args.quick) as figures:
         setup = make_setup(args)
         print(describe(setup, args.quick), flush=True)
+        stages_failed = versions_stage(not args.quick) + nccl_values_stage(not args.quick)
         out = args.out or default_out(args.quick)
         out.parent.mkdir(parents=True, exist_ok=True)
         init_group(setup.device)
@@ -440,9 +442,10 @@ def main() -> int:
               f"tokens per step; table: {out}; imports: {leaked or 'torch only, no Ray, no Optuna'}"
               + ("\n(CPU quick mode: not the GPU check)" if args.quick else ""))  # fmt: skip
         failed = [row["config"] for row in rows if row["error"] or row["guard"] == "CORRUPT"]
+        failed += stages_failed
         if failed:
             print(f"gpu_check: failed, corrupt or not run: {', '.join(failed)}")
-        figures.update(rows=rows, failed=failed, leaked_imports=leaked)
+        figures.update(rows=rows, failed=failed, stages_failed=stages_failed, leaked_imports=leaked)
     return 1 if failed or leaked else 0
 
 

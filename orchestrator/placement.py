@@ -208,6 +208,27 @@ def placement_label(places: Iterable[dict[str, Any]]) -> str:
     return ",".join(f"node{i}:{n}" for i, n in enumerate(counts.values()))
 
 
+def group_nodes(places: Iterable[dict[str, Any]]) -> list[str]:
+    """The nodes a group's ranks ran on (each rank's ``node_id``), each once, by lowest rank."""
+    return list(dict.fromkeys(p["node_id"] for p in sorted(places, key=lambda p: p["rank"])))
+
+
+def pinnable(places: Iterable[dict[str, Any]], alive: Iterable[str]) -> list[str] | None:
+    """The nodes a re-measurement's groups are pinned to: those the baseline's ranks ran on
+    (``places``), while every one is ``alive``. None where none is known or one is gone: the
+    groups then go where the placement puts them, and a run on other machines does not
+    compare (``finalists``)."""
+    nodes = group_nodes(places)
+    return nodes if nodes and set(nodes) <= set(alive) else None
+
+
+def gpu_uuids(places: Iterable[dict[str, Any]]) -> str:
+    """The GPUs a group's ranks ran on, in rank order ("GPU-... GPU-..."; "" on CPU workers):
+    two groups on the same nodes may still hold other GPUs of them, and other links."""
+    uuids = [p.get("gpu_uuid", "") for p in sorted(places, key=lambda p: p["rank"])]
+    return " ".join(uuids) if any(uuids) else ""
+
+
 def mixed_placements(placements: Iterable[tuple[int, str]]) -> str | None:
     """Which trials ran on which placement, "node0:2 (trials 0, 1); node0:1,node1:1 (trial 2)",
     when (trial number, placement) pairs hold more than one placement (unknown ones left out);

@@ -189,6 +189,7 @@ def worker_topology(use_gpu: bool, timeout_s: float = 120.0) -> dict[str, Any]:
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref)  # still queued: it must not take a GPU from the first trial later
         topo = {**topology(), "source": f"the driver: no worker answered in {timeout_s:g}s"}
+        topo["nccl_version"] = None  # the driver's own may not be the workers' (a CPU head)
     alive = [node for node in ray.nodes() if node.get("Alive")]
     nodes = [node for node in alive if node["Resources"].get("GPU") or not use_gpu]
     topo["num_nodes"] = len(nodes)
@@ -200,7 +201,10 @@ def worker_topology(use_gpu: bool, timeout_s: float = 120.0) -> dict[str, Any]:
 def _node_topology() -> dict[str, Any]:
     import ray
 
-    return {**topology(), "source": f"a worker on node {ray.util.get_node_ip_address()}"}
+    from train_fns.ranks import nccl_version
+
+    here = f"a worker on node {ray.util.get_node_ip_address()}"
+    return {**topology(), "nccl_version": nccl_version(), "source": here}
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._env_table import KINDS, problem
-from ._nccl import forces_ll128, uncovered
+from ._nccl import forces_ll128, prefix_refusal, uncovered
 
 ENV_ALLOW_PREFIXES = (
     "NCCL_",
@@ -256,6 +256,15 @@ def check_env(env: Mapping[str, Any], unsafe_nccl: bool = False) -> None:
             raise SpaceError("NCCL_ALGO", f"NCCL_ALGO={text['NCCL_ALGO']!r} with "
                              f"NCCL_PROTO={text['NCCL_PROTO']!r} {why}")  # fmt: skip
     _check_counts(text)
+
+
+def check_nccl_version(env: Mapping[str, str], version: str | None) -> None:
+    """Refuse the NCCL_ALGO/NCCL_PROTO values of ``env`` that the workers' NCCL ``version``
+    would misread (a ``coll:`` prefix before NCCL 2.24); None: not known, nothing refused."""
+    for name in ("NCCL_ALGO", "NCCL_PROTO"):
+        why = prefix_refusal(env[name], version) if env.get(name) else None
+        if why is not None:
+            raise SpaceError(name, f"{name}={env[name]!r} {why}")
 
 
 def _check_counts(env: Mapping[str, str]) -> None:

@@ -1,10 +1,12 @@
 """NCCL_ALGO and NCCL_PROTO as NCCL itself reads them, and what each value leaves enabled.
 
-A port of ``parseList`` in NVIDIA/nccl ``src/graph/tuning.cc`` (2.19+): entries are
+A port of ``parseList`` in NVIDIA/nccl ``src/graph/tuning.cc`` (2.24+): entries are
 ``;``-separated, each ``[collective:][^]name,name``; only the first may lack the
 collective prefix; names and prefixes are case-insensitive; an unknown name or prefix is
 ``ncclInvalidUsage``. Validating with the same grammar accepts every value NCCL accepts
-and refuses the ones it would refuse at the first collective of every trial.
+and refuses the ones it would refuse at the first collective of every trial. NCCL 2.21-2.23
+read no prefix: they compare whole ``,``-separated tokens, so ``allreduce:ring`` names
+nothing there (:func:`prefix_refusal`).
 
 A value that parses can still leave a collective with nothing NCCL implements: NCCL has
 no Tree for AllGather (DDP's constructor all-gathers, FSDP2 all-gathers parameters), so a
@@ -80,6 +82,26 @@ def parse_list(text: str, elems: tuple[str, ...]) -> State:
     return state
 
 
+PREFIX_SINCE = (2, 24)
+"""The first NCCL to read ``coll:`` prefixes in NCCL_ALGO/NCCL_PROTO (``parseList``)."""
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2.27.5"`` (``nccl_version()``'s form) as ``(2, 27, 5)``; digits only, a suffix dropped."""
+    return tuple(int(re.match(r"\d*", part).group() or 0) for part in version.split("."))
+
+
+def prefix_refusal(text: str, version: str | None) -> str | None:
+    """Why NCCL ``version`` would misread ``text`` (None: it reads it, or the version is not
+    known): before 2.24 a ``coll:`` prefix makes the token unknown and enables nothing."""
+    if version is None or ":" not in text or version_tuple(version) >= PREFIX_SINCE:
+        return None
+    return (f"names a collective ('coll:name'), which NCCL reads from 2.24 on; the workers "
+            f"run NCCL {version}, which would read it as an unknown name and enable nothing "
+            "(the first collective then fails): upgrade torch (2.8+ ships NCCL 2.27) or give "
+            "a value without a prefix")
+
+
 def uncovered(algo: str | None, proto: str | None) -> list[str]:
     """Collectives that ``NCCL_ALGO``/``NCCL_PROTO`` leave no algorithm/protocol pair for."""
     algos = parse_list(algo, ALGOS) if algo else _start(ALGOS)
@@ -114,7 +136,7 @@ NVLS_REDUCTIONS: dict[str, frozenset[str]] = {
     "min": frozenset({"int32", "int64", "fp16", "bf16"}),
 }
 """The (operation, dtype) pairs NVLS and NVLSTree reduce: ``ncclNvlsSupported`` in NCCL's
-``src/include/device.h`` (2.19+): Sum on every type, Min/Max on integers and half types only,
+``src/include/device.h`` (2.21+): Sum on every type, Min/Max on integers and half types only,
 nothing else (Avg and Prod become other device ops). A reduction outside it finds no
 algorithm when NVLS is all that NCCL_ALGO leaves for AllReduce."""
 

@@ -19,6 +19,7 @@ from ._domain import MAX_ENUMERATED, Param, same_value
 from ._env import PLAN_KNOBS, SpaceError, check_env, env_str, knob_defaults, unsafe_reason
 from ._expr import Condition, Constraint
 from ._load import check_unique_params
+from ._nccl import FUNCS, nvls_only, prefix_refusal
 from ._spec import (
     CONTEXT_DOMAINS,
     SearchContext,
@@ -164,6 +165,16 @@ class SearchSpace:
                 shown = ", ".join(f"{n}={self._static.get(n)!r}" for n in cond.names)
                 return _fill(why, self._static) or f"when: {cond.text} is false here ({shown})"
         text = env_str(value) if param.is_env else None
+        if param.name == "NCCL_ALGO" and text and self.context.fewest_per_node <= 2:
+            lost = [f for f in FUNCS if nvls_only(text, f)]
+            if lost:
+                return (f"leaves {', '.join(lost)} only NVLS, which NCCL turns off where a node "
+                        f"holds at most 2 GPUs of the group (this run has "
+                        f"{self.context.fewest_per_node}): no algorithm would be left")
+        if param.name in ("NCCL_ALGO", "NCCL_PROTO") and text:
+            misread = prefix_refusal(text, self.context.nccl_version)
+            if misread is not None:
+                return misread
         unsafe = unsafe_reason(param.name, text) if text is not None else None
         if unsafe is not None and not self.context.unsafe_nccl:
             return f"{unsafe}; search.unsafe_nccl: true offers it"

@@ -27,6 +27,8 @@ CONTEXT_DOMAINS: dict[str, Any] = {
     "per_worker_batch": int,
     "workers_per_node": int,
     "even_nodes": bool,
+    "fewest_per_node": int,
+    "transport": ("ib", "efa", "socket", "unknown"),
     "nvswitch": bool,
     "unsafe_nccl": bool,
     "precision": ("fp32", "bf16", "fp16"),
@@ -90,9 +92,16 @@ class SearchContext:
     even_nodes: bool = True
     """Every node of a group holds as many workers (HSDP needs it: 8 + 6 cannot be a 2-D
     mesh); False where the placement fills nodes unevenly."""
+    transport: str = "unknown"
+    """The network NCCL carries traffic between nodes on, as the workers' node shows it
+    (``runfiles.files.net_transport``): ``ib`` (InfiniBand or RoCE verbs), ``efa`` (AWS EFA
+    through the OFI plugin), ``socket`` (TCP), ``unknown`` (not read: every knob stays)."""
+    nccl_version: str | None = None
+    """The workers' NCCL (``2.27.5``; None: not known): NCCL before 2.24 misreads a
+    ``coll:`` prefix, so no prefixed NCCL_ALGO/NCCL_PROTO value is offered there."""
 
     def __post_init__(self) -> None:
-        for field in ("backend", "strategy_mode", "precision"):
+        for field in ("backend", "strategy_mode", "precision", "transport"):
             allowed = CONTEXT_DOMAINS[field]
             if getattr(self, field) not in allowed:
                 raise SpaceError(f"context.{field}", f"{getattr(self, field)!r}; use {allowed}")
@@ -116,6 +125,13 @@ class SearchContext:
     def workers_per_node(self) -> int:
         """Most workers on one node; 1 means one GPU per node (where NCCL's PAT applies)."""
         return -(-self.world_size // self.num_nodes)
+
+    @property
+    def fewest_per_node(self) -> int:
+        """Fewest workers on one node: NCCL turns NVLS off for the whole communicator when a
+        node holds at most 2 of its GPUs. Where nodes hold unequal counts the fewest is not
+        known here, so it is taken as 1."""
+        return self.world_size // self.num_nodes if self.even_nodes else 1
 
     def values(self) -> dict[str, Any]:
         """The names conditions may test; ``strategy`` only when the config fixes it."""

@@ -52,7 +52,7 @@ def fits(op: str, size_bytes: int, world_size: int) -> bool:
     return size_bytes > 0 and size_bytes % unit_bytes(op, world_size) == 0
 
 
-# torch 2.13 renamed the single-tensor collectives (the old names warn); torch >= 2.6 is supported.
+# torch 2.13 renamed the single-tensor collectives (the old names warn); torch >= 2.8 is supported.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 

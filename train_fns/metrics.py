@@ -117,12 +117,14 @@ STATE = "state"
 REASON = "reason"
 PLACE = "place"
 """A rank's first start message: where it runs (``node_id``, ``node_ip``, Ray's ``node_rank``
-and ``local_rank``)."""
+and ``local_rank``, and ``gpu_uuid``: its GPU, "" on a CPU worker)."""
 PLACEMENT = "placement"
 """A trial's ranks per node, "node0:2,node1:2" (``orchestrator.placement.placement_label``):
 trials whose placements differ do not compare."""
 RANK_PLACES = "rank_places"
 """A trial's every rank's ``PLACE`` with its ``rank``, in rank order."""
+GPUS = "gpus"
+"""A trial's GPUs, each rank's UUID in rank order (``placement.gpu_uuids``; "" on CPU)."""
 RANK_PIDS = "rank_pids"
 """The process id of each rank that measured a configuration (``{"0": pid, ...}``): the
 configurations of one warm worker group share them, a fresh group's differ."""

@@ -122,6 +122,14 @@ def reduce_tensor(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def gpu_uuid(device: torch.device) -> str:
+    """The UUID of the GPU ``device`` as nvidia-smi prints it (``GPU-...``), "" off a GPU:
+    a group on the same nodes may hold other GPUs of them, so a measurement records its own."""
+    if device.type != "cuda":
+        return ""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
 def nccl_version() -> str | None:
     """The NCCL version torch ships (``2.27.5``), None without CUDA: NCCL's accepted values
     and defaults change between versions, so a run records the one it tuned."""

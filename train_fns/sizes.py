@@ -201,11 +201,27 @@ def gathered_layout(world: int) -> Layout:
     return Layout(world, len(nodes), len({n for _, n, _ in layouts}) == 1)
 
 
-def apply_env(environ: MutableMapping[str, str], fitted: Fitted, names: set[str]) -> None:
-    """Set the fitted entry's variables in this process before its first NCCL collective
-    (NCCL reads them when it makes the communicator, lazily, at the first collective), and
-    unset those of ``names`` (every entry's) that it does not set: the worker group started
-    with the configured size's."""
+LIVE_PREFIX = "NCCL_"
+"""Variables a running process still takes: NCCL reads its own as it makes a communicator,
+lazily, at the first collective. The rest of a worker's allow-listed ones were read as the
+process started: PYTORCH_CUDA_ALLOC_CONF by the CUDA allocator, TORCH_NCCL_* by the process
+group, FI_*/GLOO_* and the like by their libraries' set-up."""
+
+
+def apply_env(environ: MutableMapping[str, str], fitted: Fitted, names: set[str]) -> Fitted:
+    """Set the fitted entry's NCCL variables in this process before its first NCCL collective,
+    and unset those of ``names`` (every entry's) that it does not set: the worker group started
+    with the configured size's. A variable read as the process started that the entry would
+    change is not set (it would be silently ignored) but dropped, with the reason; returns the
+    entry as this process runs it."""
     for name in names - set(fitted.env):
-        environ.pop(name, None)
-    environ.update(fitted.env)
+        if name.startswith(LIVE_PREFIX):
+            environ.pop(name, None)
+    late = {k: v for k, v in fitted.env.items()
+            if not k.startswith(LIVE_PREFIX) and environ.get(k) != v}  # fmt: skip
+    environ.update({k: v for k, v in fitted.env.items() if k not in late})
+    dropped = [(k, v, f"{k} is read as the process starts (the allocator and the process group "
+                f"exist already), so this process keeps {environ.get(k)!r}; a fresh start at "
+                "this size would take it") for k, v in late.items()]  # fmt: skip
+    env = {k: v for k, v in fitted.env.items() if k not in late}
+    return dataclasses.replace(fitted, env=env, dropped=(*fitted.dropped, *dropped))

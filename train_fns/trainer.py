@@ -162,7 +162,7 @@ class ElasticTrainer:
         if self.fitted.split is None:
             return None
         names = {name for entry in entries.values() for name in entry.get("env") or {}}
-        apply_env(os.environ, self.fitted, names)
+        self.fitted = apply_env(os.environ, self.fitted, names)
         return plan_of(self.template, self.fitted, self.world)
 
     def _report_wait(self, metrics: dict[str, Any]) -> None:

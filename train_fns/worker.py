@@ -54,12 +54,16 @@ def rank_place(context: Any) -> dict[str, Any]:
     """Where this rank runs (sent once, with its first start message): a trial's throughput
     depends on how its ranks sit on the nodes, so the driver records it with the trial."""
     import ray
+    import ray.train.torch
+
+    from train_fns.ranks import gpu_uuid
 
     return {
         "node_id": ray.get_runtime_context().get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),
         "node_rank": context.get_node_rank(),
         "local_rank": context.get_local_rank(),
+        "gpu_uuid": gpu_uuid(ray.train.torch.get_device()),
     }
 
 

@@ -28,8 +28,9 @@ CANDIDATES = {
     "all_gather": [("ring", "simple"), ("ring", "ll")],
     "reduce_scatter": [("ring", "simple"), ("ring", "ll")],
 }
-"""What every NCCL >= 2.18 can run on any topology (NVLS, PAT and CollNet need hardware the
-probe cannot see from here; LL128 is left out: NCCL does not validate it everywhere)."""
+"""What NCCL can run on any topology (NVLS, PAT and CollNet need hardware the probe cannot see
+from here; LL128 is left out: NCCL does not validate it everywhere), forced with ``sweep_env``'s
+``coll:`` prefix, which NCCL reads from 2.24 on."""
 UNBOUNDED = 2**63 - 1
 HEADER = ("# commtune: the fastest algorithm/protocol per size, measured by the probe\n"
           "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,25 @@ def topology(node_root: Path = Path("/sys/devices/system/node")) -> dict[str, An
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("nvidia-smi failed", exc_info=True)
             info["nvidia_smi_topo_error"] = str(e)
+    info["net_transport"] = net_transport(os.environ)
     return info
+
+
+RDMA_CLASS = Path("/sys/class/infiniband")
+
+
+def net_transport(env: Mapping[str, str], rdma_class: Path = RDMA_CLASS) -> str:
+    """The transport NCCL carries traffic between nodes on, from this node's RDMA devices and
+    the variables that steer NCCL's choice: ``efa`` (an EFA device: NCCL goes through the OFI
+    plugin), ``ib`` (InfiniBand or RoCE verbs), ``socket`` (none, or NCCL told to use TCP).
+    Socket threads act only on the socket transport, queue pairs only on verbs."""
+    drivers = {p.resolve().name for p in rdma_class.glob("*/device/driver")}
+    if "efa" in drivers:
+        return "efa"
+    net = env.get("NCCL_NET", "").lower()
+    if not drivers or net == "socket" or env.get("NCCL_IB_DISABLE") == "1" and net != "ib":
+        return "socket"
+    return "ib"
 
 
 def _run(*command: str) -> str:

@@ -29,7 +29,7 @@ class RunInfo:
     num_nodes: int | None = None
     use_gpu: bool | None = None
     nccl_version: str | None = None
-    """The driver's torch's NCCL (the workers run the same install)."""
+    """The workers' NCCL, read by a worker (None: CPU workers, or no worker answered)."""
     topology: Any = None
     """The workers' machine: GPUs, links, NUMA nodes (``files.topology``), or a description."""
     memory_capacity_bytes: int | None = None

@@ -7,17 +7,28 @@ live search uses the cluster Ray found (``pipeline.search_context``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.config import Config, ConfigError
 from orchestrator.session import backend_name
-from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
+from search_spaces import (
+    SearchContext,
+    SearchSpace,
+    SpaceError,
+    check_nccl_version,
+    load_spaces,
+)
 
 
 def context_for(
-    config: Config, use_gpu: bool, num_nodes: int, even_nodes: bool = True
-) -> SearchContext:
+    config: Config, use_gpu: bool, num_nodes: int, even_nodes: bool = True,
+    workers: dict[str, Any] | None = None,
+) -> SearchContext:  # fmt: skip
     """What the spaces are conditioned on: backend, world size, the nodes a group spans and
-    whether they hold as many workers each, the global batch, and what the config declares of
-    the hardware, the precision and the model."""
+    whether they hold as many workers each, the global batch, what the config declares of
+    the hardware, the precision and the model, and what a worker read of its node
+    (``workers``: ``session.worker_topology``, its network transport and NCCL version)."""
+    workers = workers or {}
     return SearchContext(
         backend=backend_name(use_gpu),
         strategy_mode=config.strategy,
@@ -31,7 +42,21 @@ def context_for(
         lossy=config.search.lossy,
         unused_parameters=bool(config.workload.unused_parameters),
         even_nodes=even_nodes,
+        transport=workers.get("net_transport", "unknown"),
+        nccl_version=workers.get("nccl_version"),
     )
+
+
+def check_workers_nccl(config: Config, version: str | None) -> None:
+    """A fixed ``env`` (or a size's) value the workers' NCCL ``version`` would misread is a
+    ConfigError naming it: every trial's first collective would fail."""
+    for where, env in [("env", config.env)] + [
+        (f"sizes.{size}.env", entry.get("env") or {}) for size, entry in config.sizes.items()
+    ]:
+        try:
+            check_nccl_version(env, version)
+        except SpaceError as e:
+            raise ConfigError(f"{where}.{e.key}", e.message) from e
 
 
 def space_for(config: Config, use_gpu: bool, num_nodes: int) -> SearchSpace:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paired import comparable_cv, noise_floor, ratios_from_rows, recorded_fraction
+from orchestrator.placement import group_nodes, pinnable
 from orchestrator.runfiles import REMEASURE_CSV, read_csv, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
@@ -221,7 +222,7 @@ def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str
 
 HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
           "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
-          "delta", "floor", "reference", "race"]  # fmt: skip
+          "delta", "floor", "reference", "race", m.GPUS]  # fmt: skip
 """remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
 
 
@@ -247,9 +248,12 @@ def _group_rows(
     ``search.remeasure_repeats`` times, in the sequence's order."""
     order = interleave(baseline, chosen)
     plans = [derive_plan(ctx, rec.params) for rec in order]
+    places = baseline.attrs.get(m.RANK_PLACES)  # where the search measured it
+    nodes = pinnable(places, _alive_nodes()) if places else None
     results: list[list[dict]] = [[res] for res in measure_plans(
-        ctx, plans, "remeasure", lambda i, res: _show(order, baseline, i, res, 0)
+        ctx, plans, "remeasure", lambda i, res: _show(order, baseline, i, res, 0), nodes
     )]  # fmt: skip
+    nodes = group_nodes(results[0][0].get(m.RANK_PLACES) or []) or nodes  # where B ran
     for repeat in range(1, ctx.config.search.remeasure_repeats + 1):
         why = disturbances(_runs(order, results, baseline))
         again = [i for i, ws in enumerate(why) if ws[-1]]
@@ -260,7 +264,7 @@ def _group_rows(
             break
         redo = measure_plans(
             ctx, [plans[i] for i in again], f"repeat{repeat}",
-            lambda k, res, r=repeat, again=again: _show(order, baseline, again[k], res, r),
+            lambda k, res, r=repeat, again=again: _show(order, baseline, again[k], res, r), nodes,
         )  # fmt: skip
         for i, res in zip(again, redo, strict=True):
             results[i].append(res)
@@ -273,7 +277,7 @@ def _group_rows(
             "state": res.get(m.STATE), "samples_per_s": res.get(m.SAMPLES_PER_S) or "",
             "throughput_cv": res.get(m.THROUGHPUT_CV) or "", "windows": windows,
             "disturbed": why[i][k], m.PLACEMENT: res.get(m.PLACEMENT, ""), "pairing": GROUP,
-            "delta": delta,
+            "delta": delta, m.GPUS: res.get(m.GPUS, ""),
         }
         for i, rec in enumerate(order)
         for k, res in enumerate(results[i])
@@ -297,16 +301,30 @@ def _show(order: list[TrialRecord], baseline: TrialRecord, i: int, res: dict, re
     print(f"re-measure {i + 1}/{len(order)}{again}: {who}: {shown}", flush=True)
 
 
-def _measure(res: dict, placement: str | None) -> Measure:
+def _where(res: dict) -> tuple[str | None, frozenset[str]]:
+    """Where a measurement ran: its ranks per node, and the nodes (empty: not known)."""
+    return res.get(m.PLACEMENT), frozenset(group_nodes(res.get(m.RANK_PLACES) or []))
+
+
+def _measure(res: dict, where: tuple[str | None, frozenset[str]]) -> Measure:
     """A measurement as the verdict sees it: one whose ranks sat otherwise than the first
-    baseline run's (``placement``) does not compare, and counts as not completed."""
-    misplaced = placement and res.get(m.PLACEMENT, placement) != placement
+    baseline run's (``where``: another shape, or the same shape on other machines) does not
+    compare, and counts as not completed."""
+    label, nodes = _where(res)
+    misplaced = (where[0] and (label or where[0]) != where[0]) or (
+        where[1] and nodes and nodes != where[1])  # fmt: skip
     done = res.get(m.STATE) == m.COMPLETE and not misplaced
     return Measure(res[m.SAMPLES_PER_S] if done else None, res.get(m.THROUGHPUT_CV) or 0.0)
 
 
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+
+
 def _runs(order: list[TrialRecord], results: list[list[dict]], baseline: TrialRecord) -> list[Run]:
-    runs, placement = [], results[0][0].get(m.PLACEMENT)
+    runs, placement = [], _where(results[0][0])
     for rec, found in zip(order, results, strict=True):
         first = _measure(found[0], placement)
         repeats = tuple(_measure(res, placement) for res in found[1:])

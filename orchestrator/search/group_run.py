@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.placement import PlacementError, held_here, layout_for, placement_label
+from orchestrator.placement import (
+    PlacementError,
+    gpu_uuids,
+    held_here,
+    layout_for,
+    placement_label,
+)
 from orchestrator.reclaim import group_need
 from orchestrator.search.outcome import (
     classify_failure,
@@ -305,6 +311,7 @@ class GroupRun:
         if self.places:  # every configuration of a group shares its placement
             outcome[m.RANK_PLACES] = [self.places[r] for r in sorted(self.places)]
             outcome[m.PLACEMENT] = placement_label(self.places.values())
+            outcome[m.GPUS] = gpu_uuids(self.places.values())
         if self.ends[index]:  # the ranks that ended it, each in the process it ran in
             outcome[m.RANK_PIDS] = {str(r): e["pid"] for r, e in sorted(self.ends[index].items())}
         self.boundary = now

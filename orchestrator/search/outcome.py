@@ -118,6 +118,15 @@ def failure_texts(exc: BaseException) -> list[str]:
     return texts
 
 
+NCCL_ALLOC = re.compile(
+    r"Failed to CUDA (?:calloc|malloc|host alloc)[^\n]*|"
+    r"(?:ncclUnhandledCudaError|unhandled cuda error)[^\n]*(?:\n[^\n]*){0,3}out of memory[^\n]*",
+    re.I,
+)
+"""NCCL's own allocation failures (``alloc.h``, ``CUCHECK`` of cuMemCreate): its buffers are
+allocated lazily, at a collective's first call, so they strike inside a measured step."""
+
+
 def classify_failure(
     exc: BaseException,
     plan: TrialPlan,
@@ -133,6 +142,12 @@ def classify_failure(
     text = "\n".join([*failure_texts(exc), *(hang_markers or [])])
     low = text.lower()
     peak = f"{peak_mem_bytes / GIB:.2f} GiB" if peak_mem_bytes else "unknown"
+    if NCCL_ALLOC.search(text):
+        return m.OOM, (
+            f"out of memory in NCCL (its buffers: NCCL_BUFFSIZE per channel and peer, "
+            f"allocated at a collective's first call) at micro_batch={plan.micro_batch}; peak "
+            f"seen {peak}: {_one_line(NCCL_ALLOC.search(text).group())}"
+        )
     if "outofmemoryerror" in low or "out of memory" in low:
         return m.OOM, (
             f"out of memory at micro_batch={plan.micro_batch} "

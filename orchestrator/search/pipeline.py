@@ -16,7 +16,12 @@ from orchestrator.plans import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
 from orchestrator.search import ctrl_c, evidence, study
-from orchestrator.search.context import context_for, space_of, spaces_error
+from orchestrator.search.context import (
+    check_workers_nccl,
+    context_for,
+    space_of,
+    spaces_error,
+)
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, measure_on, noise_margin, remeasure
 from orchestrator.search.group_run import slowest_start
@@ -42,7 +47,6 @@ from orchestrator.sizes import expected_layout, fit_context
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
 from search_spaces import SearchContext, SearchSpace, SpaceError
-from train_fns.ranks import nccl_version
 from train_fns.sizes import Layout, fit
 
 log = logging.getLogger("commtune")
@@ -51,16 +55,19 @@ DEAD_DRIVER_WHY = "the driver died during this trial; the study had its trials w
 NOT_RUN_WHY = "queued, but the search ended (its time budget) before it ran; --resume runs it"
 
 
-def search_context(config: Config, use_gpu: bool) -> SearchContext:
+def search_context(
+    config: Config, use_gpu: bool, workers: dict[str, Any] | None = None
+) -> SearchContext:
     """What the spaces are conditioned on (``context.context_for``): the nodes a group of
     ``cluster.num_workers`` lands on under ``cluster.placement``, not the cluster's count (a
     packed group on one node of a larger cluster gets no multi-node knob, NVLSTree, PAT or
-    HSDP). On a cluster that grows on demand, where the placement is not known yet, the
-    workers span the nodes alive (those with a GPU), at most one node per worker."""
+    HSDP), and what a worker read of its node (``workers``: transport, NCCL version). On a
+    cluster that grows on demand, where the placement is not known yet, the workers span the
+    nodes alive (those with a GPU), at most one node per worker."""
     import ray
 
     layout = expected_layout(config, use_gpu, config.cluster.num_workers, ray.nodes())
-    return context_for(config, use_gpu, layout.nodes, even_nodes=layout.even)
+    return context_for(config, use_gpu, layout.nodes, even_nodes=layout.even, workers=workers)
 
 
 def check_tuned_layout(config: Config, context: SearchContext) -> None:
@@ -93,12 +100,13 @@ def run_search(
     try:
         use_gpu = resolve_gpu(config)
         check_capacity(config, use_gpu)
-        space = space_of(config, search_context(config, use_gpu))
+        topo = worker_topology(use_gpu)  # not the driver's: it may be a CPU head
+        check_workers_nccl(config, topo.get("nccl_version"))
+        space = space_of(config, search_context(config, use_gpu, topo))
         check_tuned_layout(config, space.context)
         for what, why in space.dropped():
             print(f"search space: {what} dropped: {why}")
         task = resolve_task(config)
-        topo = worker_topology(use_gpu)  # not the driver's: it may be a CPU head
         info = update_run_info(out, _context_info(space.context, topo))
         if config.search.probe and not resume:
             evidence.measure_link(config, out)
@@ -294,6 +302,6 @@ def _context_info(context: SearchContext, topo: dict) -> RunInfo:
         world_size=context.world_size,
         num_nodes=context.num_nodes,
         use_gpu=context.use_gpu,
-        nccl_version=nccl_version(),  # the driver's torch, the workers' too (one install)
+        nccl_version=topo.get("nccl_version"),  # a worker's: the driver may be a CPU head
         topology=topo,
     )

@@ -400,6 +400,7 @@ class Race:
             "state": outcome.get(m.STATE), "samples_per_s": value or "",
             "throughput_cv": "", "windows": 1, "disturbed": "",
             m.PLACEMENT: outcome.get(m.PLACEMENT, ""), "pairing": WINDOW,
+            m.GPUS: outcome.get(m.GPUS, ""),
             "pair": "" if slot.pair is None else slot.pair,
             "against": "" if slot.against is None else slot.against.record.number,
             "attempt": self.attempt, "floor": self.floor,

@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.config import Config
 from orchestrator.costmodel import comm_bound
+from orchestrator.placement import group_nodes
 from orchestrator.plans import plan_from_config
 from orchestrator.search.correctness import guard_check
 from orchestrator.search.group_run import START, GroupRun, slowest_start
@@ -199,13 +200,16 @@ def measure_plans(
     items: list[tuple[TrialPlan, dict[str, str]]],
     name: str,
     on_outcome: Callable[[int, dict[str, Any]], None] | None = None,
+    nodes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure plans outside the search (re-measurement, scaling), in order: consecutive plans
     with the same environment share a worker group. A group that overruns a bound or crashes
     is ended (its workers killed) and the plans it did not reach run in a fresh group, as the
     search re-queues them: a hung finalist must not cost the baseline run after it. One never
     reached (its group hung while it started, or reached none) is an ``error``.
-    ``on_outcome(position, outcome)`` is called as each one ends."""
+    ``on_outcome(position, outcome)`` is called as each one ends. Every group runs on
+    ``nodes`` (Ray node ids) when given, else on the nodes the first group ran on: the
+    sequence compares measurements, so they must share machines."""
     outcomes: list[dict[str, Any] | None] = [None] * len(items)
     for _, run in itertools.groupby(range(len(items)), key=lambda i: items[i][1]):
         todo = list(run)
@@ -215,8 +219,9 @@ def measure_plans(
                 if on_outcome is not None:
                     on_outcome(todo[k], outcome)
 
-            group = GroupRun(ctx, name=f"{name}_{todo[0]:02d}", owned=True)
+            group = GroupRun(ctx, name=f"{name}_{todo[0]:02d}", nodes=nodes, owned=True)
             reached = group.run(iter([items[i] for i in todo]), emit)  # those it took, at most
+            nodes = nodes or group_nodes(group.places.values()) or None
             seen = slowest_start(filter(None, reached), ctx.slowest_start_s)
             ctx = dataclasses.replace(ctx, slowest_start_s=seen)  # the next group's bound
             for i, outcome in zip(todo, reached, strict=False):

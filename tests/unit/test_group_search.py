@@ -175,8 +175,8 @@ class _HangingGroup:
 
     made: list[list[str]] = []
 
-    def __init__(self, ctx, name: str, owned: bool = False) -> None:
-        self.name = name
+    def __init__(self, ctx, name: str, nodes=None, owned: bool = False) -> None:  # noqa: ANN001
+        self.name, self.places = name, {}
 
     def run(self, source, emit) -> list:
         plans = [plan for plan, _ in source]

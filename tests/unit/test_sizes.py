@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.sizes import fit_context, fit_range, run_entries
-from train_fns.sizes import Layout, fit, nearest
+from train_fns.sizes import Layout, apply_env, fit, nearest
 
 GPU = {"global_batch": 48, "strategy": "fsdp", "use_gpu": True}
 CPU = {"global_batch": 48, "strategy": "ddp", "use_gpu": False}
@@ -58,8 +58,8 @@ def test_multi_node_variables_are_dropped_on_one_node_and_inert_ones_kept() -> N
     assert {k for k, _, _ in one_node.dropped} == {"NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"}
     on_gloo = fit(entries, Layout(2), {**GPU, "use_gpu": False})  # inert at every size there:
     assert on_gloo.env == env and not on_gloo.dropped  # not the resize's to drop
-    nvls = {4: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
-    on_one = fit(nvls, Layout(4, 1), {**GPU, "nvswitch": True})
+    nvls = {8: {"tuned": {"strategy": "fsdp"}, "env": {"NCCL_ALGO": "allreduce:nvlstree"}}}
+    on_one = fit(nvls, Layout(8, 1), {**GPU, "nvswitch": True})  # 8 on 2 nodes run NVLSTree
     assert on_one.env == {} and "several nodes" in on_one.dropped[0][2]
 
 
@@ -236,3 +236,23 @@ def test_hand_edited_per_size_figures_read_as_absent_not_as_a_crash() -> None:
     record = RunRecord(summary=Summary(by_size=junk))
     assert rule_size_below_searched(record) is None
     assert "nan" not in section_by_size(record)
+
+
+def test_a_running_process_takes_only_nccls_own_variables_from_another_sizes_entry() -> None:
+    """NCCL reads NCCL_* as it makes a communicator (after ``apply_env``); the allocator read
+    PYTORCH_CUDA_ALLOC_CONF and the process group TORCH_NCCL_* as the process started: set
+    later, they would be silently ignored, so they are dropped with the reason."""
+    environ = {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4", "NCCL_PROTO": "Simple"}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_ALGO": "allreduce:ring"}  # fmt: skip
+    fitted = fit({4: {"env": env}}, Layout(4), GPU)
+    names = {"NCCL_PROTO", *env}
+    applied = apply_env(environ, fitted, names)
+    assert environ == {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4",
+                       "NCCL_ALGO": "allreduce:ring"}  # fmt: skip
+    assert applied.env == {"NCCL_ALGO": "allreduce:ring"}
+    dropped = {key: why for key, _, why in applied.dropped}
+    assert set(dropped) == {"PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_AVOID_RECORD_STREAMS"}
+    assert all("read as the process starts" in why for why in dropped.values())
+    same = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # what it started with
+    assert apply_env(dict(same), fit({4: {"env": same}}, Layout(4), GPU), set(same)).env == same

@@ -133,7 +133,7 @@ def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: P
     script = [figures, [(13.5, 0.29)], [(22.4, 0.10)], [(99.0, 0.9)]]
     calls: list[list] = []
 
-    def measure(ctx, plans, name, show):
+    def measure(ctx, plans, name, show, nodes):
         calls.append(plans)
         out = [{m.STATE: m.COMPLETE, m.SAMPLES_PER_S: v, m.THROUGHPUT_CV: cv}
                for v, cv in script[len(calls) - 1]]  # fmt: skip
