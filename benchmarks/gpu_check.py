@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:  # ``python benchmarks/gpu_check.py`` puts benchma
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks.gpu_worker_stages import run_worker_stages  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
 from train_fns.loop import StepRunner, run_training  # noqa: E402
@@ -424,8 +425,9 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         try:
-            rows = run_all(quick_cases() if args.quick else gpu_cases(), setup, args.budget_s,
-                           writer)  # fmt: skip
+            spent = run_worker_stages(lambda *knobs: setup.plan(Case(*knobs)), setup.device)
+            rows = run_all(quick_cases() if args.quick else gpu_cases(), setup,
+                           args.budget_s - spent, writer)  # fmt: skip
         finally:
             dist.destroy_process_group()
     print("\n" + "\n".join(format_row(row) for row in [None, *rows]) + f"\n{LEGEND}")
