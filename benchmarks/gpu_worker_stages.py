@@ -11,12 +11,15 @@ a warm worker group's memory. Each prints its lines and returns its seconds.
   last build (``orchestrator.search.race.REGROW_STEPS``): the cudaMalloc segments and reserved
   bytes each window adds. Every build's guard empties the allocator's cache, so without the
   step again round 0's windows regrow memory inside measured steps; round 1's should add none.
+- **fp16 step without host syncs**: the synchronizing calls ``Precision.step`` makes under
+  fp16 with fused AdamW, counted by torch's sync debug mode.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +28,7 @@ import torch
 from train_fns import metrics as m
 from train_fns.group import END, START, evaluate_plans, free_memory, live_groups, release_groups
 from train_fns.plan import TrialPlan
+from train_fns.precision import Precision
 from train_fns.timing import device_used_bytes
 
 MiB = 2**20
@@ -129,6 +133,37 @@ def regrowth_stage(plans: list[TrialPlan], device: torch.device, steps: int = 3)
     return time.perf_counter() - began
 
 
+def fp16_sync_stage(make_plan: Callable[..., TrialPlan], device: torch.device) -> float:
+    """"fp16 step without host syncs": ``Precision.step`` under fp16 with fused AdamW (whose
+    GradScaler path needs no sync of its own) under torch's sync debug mode: every
+    synchronizing call it makes is counted (commtune's loss-scale check made two a step)."""
+    began = time.perf_counter()
+    if device.type != "cuda":
+        print("stage: fp16 step without host syncs: needs CUDA (skipped)")
+        return 0.0
+    plan = dataclasses.replace(make_plan("fp16", "ddp", 1, False), adamw_impl="fused")
+    model = torch.nn.Linear(1024, 1024, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    precision = Precision(plan, device)
+    counts = []
+    for _ in range(3):  # the first step creates the scaler's state
+        with precision.autocast():
+            loss = model(torch.randn(64, 1024, device=device)).float().pow(2).mean()
+        precision.backward(loss)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                precision.step(optimizer, loss)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        optimizer.zero_grad(set_to_none=True)
+        counts.append(sum("synchroniz" in str(w.message) for w in seen))
+    print(f"stage: fp16 step without host syncs: synchronizing calls per step {counts} "
+          f"(want 0 after the first)")  # fmt: skip
+    return time.perf_counter() - began
+
+
 STAGE_CASES = (("bf16", "ddp", 1, False), ("bf16", "fsdp", 4, True), ("bf16", "fsdp", 1, False),
                ("fp32", "ddp", 1, False))  # fmt: skip
 """A B C D: (precision, strategy, accumulation, activation checkpointing)."""
@@ -141,9 +176,11 @@ def run_worker_stages(make_plan: Callable[..., TrialPlan], device: torch.device)
     began = time.perf_counter()
     plans = [dataclasses.replace(make_plan(*case), warmup_steps=2, measure_steps=4,
                                  num_windows=2) for case in STAGE_CASES]  # fmt: skip
-    for stage, mine in ((warm_group_stage, plans), (regrowth_stage, plans[:3])):
+    stages = ((warm_group_stage, plans), (regrowth_stage, plans[:3]),
+              (fp16_sync_stage, make_plan))  # fmt: skip
+    for stage, given in stages:
         try:
-            stage(mine, device)
+            stage(given, device)
         except Exception as e:  # reported, not fatal: the table is the check's main part
             print(f"  stage failed: {type(e).__name__}: {e}", flush=True)
     return time.perf_counter() - began
