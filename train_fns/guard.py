@@ -74,9 +74,10 @@ more memory than training does, and the guard runs in the warm-up of a model tha
 
 
 def row_squares(grad: Tensor) -> Tensor:
-    """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row), a
-    bounded number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
-    rows = grad.detach().reshape(grad.shape[0] if grad.dim() else 1, -1)
+    """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row; an FSDP
+    rank's empty shard: none), a bounded number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
+    count = grad.shape[0] if grad.dim() else 1
+    rows = grad.detach().reshape(count, grad.numel() // count if count else 0)  # an empty shard
     per = max(1, SQUARES_CHUNK_ELEMENTS // max(1, rows.shape[1]))
     parts = [rows[i : i + per].double().pow(2).sum(1) for i in range(0, rows.shape[0], per)]
     return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float64)

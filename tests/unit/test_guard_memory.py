@@ -24,3 +24,12 @@ def test_shard_squares_of_a_large_gradient_need_no_float64_copy_of_it() -> None:
     assert extra < 32 * MiB, f"{extra / MiB:.0f} MiB over the gradient's own 64 MiB"
     exact = grad.double().pow(2).reshape(2, -1).sum(1)
     assert torch.allclose(squares, exact, rtol=1e-12)
+
+
+def test_row_squares_of_empty_and_scalar_gradients() -> None:
+    """An FSDP rank's shard of a parameter with fewer rows than ranks is empty."""
+    from train_fns.guard import row_squares
+
+    assert row_squares(torch.zeros(0, 4)).shape == (0,)
+    assert row_squares(torch.zeros(0)).shape == (0,)
+    assert row_squares(torch.tensor(3.0)).tolist() == [9.0]
