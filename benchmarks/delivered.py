@@ -36,8 +36,10 @@ from benchmarks._record import add_results_option, recording
 from orchestrator.inputs import TUNED_KNOBS
 from orchestrator.paired import PairedRatio, pair_order
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
+from orchestrator.train.runlog import wall_samples_per_s
 from orchestrator.verdict import Verdict, verdict_from_rows
 from search_spaces import is_env_name
+from train_fns.metrics import SAMPLES_PER_S, STEP_TIME_S, WALL_TIME
 
 
 def searched(row: dict[str, str]) -> dict[str, str]:
@@ -103,14 +105,17 @@ def complete_row(rows: dict[str, dict[str, str]], number: int, path: Path) -> di
     return row
 
 
-def train(config: Path, out: Path, steps: int, skip: int) -> float:
-    """One training run; its samples/s after ``skip`` steps (the harmonic mean of the steps'
-    figures: their samples over their seconds, every step the same global batch)."""
+def train(config: Path, out: Path, steps: int, skip: int) -> tuple[float, float | None]:
+    """One training run; its samples/s after ``skip`` steps: over the steps' seconds (the
+    harmonic mean of the steps' figures, every step the same global batch), and over the
+    wall-clock those steps spanned (``wall_samples_per_s``: what lies between steps too)."""
     args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps)]
     run_module("orchestrator.train", [*args, "--out", str(out)])
     with (out / PROGRESS_CSV).open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
-    return statistics.harmonic_mean([float(r["samples_per_s"]) for r in rows])
+    figures = [{k: float(r[k]) for k in (WALL_TIME, STEP_TIME_S, SAMPLES_PER_S)} for r in rows]
+    steps = statistics.harmonic_mean([r[SAMPLES_PER_S] for r in figures])
+    return steps, wall_samples_per_s(figures)
 
 
 def read_verdict(run: Path) -> Verdict:
@@ -152,22 +157,30 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{run / REMEASURE_CSV} holds no finalist's comparison: name a "
                              "trial to train beside the baseline with --trial")  # fmt: skip
         finalist, baseline, number = configs(run, verdict, args.trial, work)
-        ratios = []
+        ratios, walls = [], []
         for k in range(args.rounds):
             got = {}
             for role in pair_order(k):
                 path = baseline if role == "baseline" else finalist
                 got[role] = train(path, work / f"{role}{k}", args.steps, args.skip)
-            ratios.append(got["finalist"] / got["baseline"])
-            print(f"pair {k + 1}: trial {number} {got['finalist']:.2f} vs baseline "
-                  f"{got['baseline']:.2f} samples/s = {ratios[-1]:.3f}", flush=True)  # fmt: skip
+            (mine, mine_wall), (base, base_wall) = got["finalist"], got["baseline"]
+            ratios.append(mine / base)
+            walls.append(mine_wall / base_wall if mine_wall and base_wall else None)
+            print(f"pair {k + 1}: trial {number} {mine:.2f} vs baseline {base:.2f} samples/s "
+                  f"= {ratios[-1]:.3f}; over the wall-clock {walls[-1] or float('nan'):.3f}",
+                  flush=True)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
         print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
               f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
+        wall = PairedRatio(tuple(walls)) if None not in walls else None
+        if wall:
+            print(f"delivered over the wall-clock: {wall.ratio:.3f}x (interval {wall.low:.3f}-"
+                  f"{wall.high:.3f}: reports, checkpoints and references between steps included)")
         print(f"verdict:   {verdict.line()}")
         print(judged(verdict, number, paired))
         figures.update(trial=number, steps=args.steps, pair_ratios=ratios, ratio=paired.ratio,
-                       low=paired.low, high=paired.high, verdict=verdict.line())  # fmt: skip
+                       low=paired.low, high=paired.high, wall_pair_ratios=walls,
+                       wall_ratio=wall.ratio if wall else None, verdict=verdict.line())  # fmt: skip
 
 
 def judged(verdict: Verdict, number: int, paired: PairedRatio) -> str:

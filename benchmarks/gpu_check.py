@@ -1,20 +1,18 @@
 """The GPU check: commtune's real training path on one GPU, with torch alone, in a few minutes.
 
 The lent machines have torch and transformers but no Ray, Optuna or package index, so this
-script imports neither (and says so at the end). It calls ``train_fns.loop.run_training`` with a
-``TrialPlan``, as a trial's worker does, on a 1-rank NCCL group for each configuration: DDP and
-FSDP2; fp32 (TF32), bf16 and fp16; accumulation 1 and 4; activation checkpointing off and on;
-fused AdamW; each precision's baseline twice (the rerun is the GPU's run-to-run spread). A row
-holds the guard's gaps from the baseline and the driver's verdict at its tolerance, the fp16
-overflows, the worker's window step time beside CUDA events (bracketing the step timer's own
-start and end: does a host clock that does not sync at a step's start time what the device
-did?) and wall-clock of the same steps, peak memory both ways, samples/s and MFU.
-
-One GPU is one rank: nothing crosses GPUs and DDP has nothing to overlap, so this checks
-correctness, timing and memory on CUDA, not NCCL between GPUs. From the repository root,
-``python benchmarks/gpu_check.py`` (3-5 min on an H200 by estimate, not yet run; the CSV and the
-run's record under $OUT).
-``--quick``: a tiny model on the CPU over gloo (fp32, bf16), so a test keeps the script running.
+script imports neither (and says so at the end). Its stages first: the libraries against the
+floors and every NCCL value the space offers (``gpu_check_stages``), a warm group through
+A B C D A and the race's round-0 regrowth (``gpu_worker_stages``). Then it calls
+``train_fns.loop.run_training`` with a ``TrialPlan``, as a trial's worker does, on a 1-rank NCCL
+group for each configuration: DDP and FSDP2; fp32 (TF32), bf16 and fp16; accumulation 1 and 4;
+checkpointing off and on; fused AdamW; each precision's baseline twice (the GPU's run-to-run
+spread). A row holds the guard's gaps from the baseline and its verdict, fp16's overflows, the
+window step time beside CUDA events and wall-clock of the same steps, peak memory both ways,
+samples/s and MFU. One GPU is one rank: this checks correctness, timing and memory on CUDA, not
+NCCL between GPUs. ``python benchmarks/gpu_check.py`` from the repository root (the CSV and the
+run's record under $OUT); ``--quick``: a tiny model on the CPU over gloo, so a test keeps it
+running.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ import torch.distributed as dist  # noqa: E402
 
 from benchmarks._record import add_results_option, recording  # noqa: E402
 from benchmarks.gpu_check_stages import nccl_values_stage, versions_stage  # noqa: E402
+from benchmarks.gpu_worker_stages import run_worker_stages  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
 from train_fns.loop import StepRunner, run_training  # noqa: E402
@@ -431,8 +430,9 @@ def main() -> int:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
             try:
+                spent = run_worker_stages(lambda *knobs: setup.plan(Case(*knobs)), setup.device)
                 rows = run_all(quick_cases() if args.quick else gpu_cases(), setup,
-                               args.budget_s, writer)  # fmt: skip
+                               args.budget_s - spent, writer)  # fmt: skip
             finally:
                 dist.destroy_process_group()
         print("\n" + "\n".join(format_row(row) for row in [None, *rows]) + f"\n{LEGEND}")

@@ -67,10 +67,29 @@ def layouts(world_size: int) -> tuple[int, ...]:
     return tuple(sorted({world_size} | ({local} if even else set())))
 
 
-def shard_squares(grad: Tensor, count: int, device: torch.device) -> Tensor:
+SQUARES_CHUNK_ELEMENTS = 1 << 20
+"""Elements of a gradient squared in float64 at a time (8 MiB, twice: the copy and its
+square): a whole large gradient in float64 (an embedding's, 4 times its bf16 size) would need
+more memory than training does, and the guard runs in the warm-up of a model that fits."""
+
+
+def row_squares(grad: Tensor) -> Tensor:
+    """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row; an FSDP
+    rank's empty shard: none), a bounded number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
+    count = grad.shape[0] if grad.dim() else 1
+    rows = grad.detach().reshape(count, grad.numel() // count if count else 0)  # an empty shard
+    per = max(1, SQUARES_CHUNK_ELEMENTS // max(1, rows.shape[1]))
+    parts = [rows[i : i + per].double().pow(2).sum(1) for i in range(0, rows.shape[0], per)]
+    return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float64)
+
+
+def shard_squares(
+    grad: Tensor, count: int, device: torch.device, rows: Tensor | None = None
+) -> Tensor:
     """The squares of each of ``count`` dim-0 chunks of a full gradient, as FSDP2 chunks it
-    (``torch.chunk``: ceil-sized, the last ones short or empty)."""
-    rows = grad.detach().double().pow(2).reshape(grad.shape[0] if grad.dim() else 1, -1).sum(1)
+    (``torch.chunk``: ceil-sized, the last ones short or empty); ``rows``: its
+    ``row_squares`` when already taken."""
+    rows = row_squares(grad) if rows is None else rows
     size = -(-rows.numel() // count)  # ceil
     index = torch.arange(rows.numel(), device=rows.device) // size
     return torch.zeros(count, dtype=torch.float64, device=device).index_add_(0, index, rows)
@@ -114,7 +133,8 @@ class Guard:
         for p in model.parameters():
             if p.grad is None:
                 continue
-            local = _local(p.grad).detach().double().pow(2).sum() / replicas(p.grad)
+            rows = row_squares(_local(p.grad))
+            local = rows.sum() / replicas(p.grad)
             total += local
             if hasattr(p.grad, "to_local"):
                 count, index = _shard_of(p.grad)
@@ -123,7 +143,7 @@ class Guard:
                 vec[index] += local
             else:
                 for count in self.counts:
-                    chunk = shard_squares(p.grad, count, device)
+                    chunk = shard_squares(p.grad, count, device, rows)
                     shards[count] = shards[count] + chunk if count in shards else chunk
         # fp16: the gradients are still multiplied by GradScaler's scale (2^16 at first), so
         # the norm is judged unscaled; a step whose scaled gradients overflowed stays inf, the

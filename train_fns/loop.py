@@ -27,7 +27,12 @@ from train_fns.metrics import HANG_EXIT_CODE
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.ranks import reduce_over_ranks
-from train_fns.strategies import discard_unsynced_gradients, sync_gradients, wrap_model
+from train_fns.strategies import (
+    discard_unsynced_gradients,
+    sync_gradients,
+    unsynced_gradients_dropped,
+    wrap_model,
+)
 from train_fns.timing import (
     StepTimer,
     gpu_utilization,
@@ -152,12 +157,14 @@ class StepRunner:
     def nosync_reference(self, step: int) -> float:
         """Seconds of one forward+backward of micro-step 0 with gradient sync off, then
         discarded: the compute-only twin of ``sync_micro`` when there is no accumulation
-        (every micro-step syncs). Costs one micro-step; its gradients are discarded after."""
+        (every micro-step syncs). Costs one micro-step; its gradients are discarded (under FSDP2
+        each as soon as it is made: ``unsynced_gradients_dropped``)."""
         batch = to_device(self.host_batch(step, 0), self.device)
         start = self.timer.now()
         with sync_gradients(self.model, self.plan, enabled=False), self.precision.autocast():
             loss = self.loss(batch) / self.plan.accumulation_steps
-        self.precision.backward(loss)
+        with unsynced_gradients_dropped(self.model):  # FSDP2: never the whole model's at once
+            self.precision.backward(loss)
         elapsed = self.timer.now() - start
         # Zeroed, not dropped, under DDP's find_unused_parameters: its reducer remembers which
         # parameters the no-sync backward used and all-reduces them at the next synced one,
@@ -200,6 +207,7 @@ def _window_metrics(
     window_wall_s: float,
 ) -> dict:
     times = runner.timer.take_window()
+    memory = _memory_metrics(runner)  # the window's peak, read before the reference's step
     nosync_s = _nosync_micro_s(runner, times, step)
     setup["reference_s"] = runner.reference_s
     return {
@@ -215,7 +223,7 @@ def _window_metrics(
         m.SYNC_MICRO_S: times["sync_micro"],
         m.NOSYNC_MICRO_S: nosync_s,
         m.LOSS: reduce_over_ranks([float(loss)])[0],
-        **_memory_metrics(runner),
+        **memory,
         m.ENV_SEEN: {name: os.environ.get(name) for name in runner.plan.env_names},
         m.SETUP_S: dict(setup),
         m.NUM_NONFINITE: runner.precision.num_nonfinite(),

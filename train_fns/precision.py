@@ -81,11 +81,12 @@ class Precision:
             optimizer.step()
             self._num_nonfinite += (~torch.isfinite(loss.detach())).to(torch.int64)
             return
-        scale_before = self.scaler.get_scale()
+        # Compared on the device: get_scale() reads the scale to the host, a sync inside the
+        # measured step, twice a step. update() lowers the scale (in place) on inf/NaN.
+        scale_before = self.scaler._scale.clone()
         self.scaler.step(optimizer)
         self.scaler.update()
-        if self.scaler.get_scale() < scale_before:  # update() lowers the scale on inf/NaN
-            self._num_nonfinite += 1
+        self._num_nonfinite += (self.scaler._scale < scale_before).to(torch.int64)
 
     def _clipped_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Training runs: clip to ``max_grad_norm`` and skip a step whose gradient norm is

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
@@ -216,20 +216,46 @@ def canonical_name(name: str) -> str:
     return name.replace(CHECKPOINT_PREFIX, "")
 
 
+def _fsdp_params(model: nn.Module) -> list:
+    """FSDP2's per-parameter states (``FSDPParam``) of every sharded unit of ``model``: where
+    it keeps unsharded parameters and gradients. torch 2.13 has no public view of them
+    (tests/dist/test_reference_step.py and test_reference_memory.py pin their use here)."""
+    return [param for module in model.modules() if isinstance(module, FSDPModule)
+            for group in module._get_fsdp_state()._fsdp_param_groups
+            for param in group.fsdp_params]  # fmt: skip
+
+
 def discard_unsynced_gradients(model: nn.Module) -> None:
     """Drop the gradients of backwards run with sync off, so the next synced step starts clean.
 
     DDP keeps them in ``param.grad`` (``zero_grad`` clears them). FSDP2 keeps them unsharded in
     its own buffers (the unsharded parameter's ``grad``, or ``unsharded_accumulated_grad`` under
     a reduce dtype) until the next synced backward adds them in and reduce-scatters the sum;
-    ``zero_grad`` only sees the sharded parameters. torch 2.13 has no public call for this, so
-    the buffers are cleared through FSDPParam (tests/dist/test_reference_step.py pins it).
+    ``zero_grad`` only sees the sharded parameters, so the buffers are cleared here.
     """
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = module._get_fsdp_state()._fsdp_param_group
-        for fsdp_param in group.fsdp_params if group is not None else ():
-            fsdp_param.unsharded_accumulated_grad = None
-            if hasattr(fsdp_param, "_unsharded_param"):
-                fsdp_param._unsharded_param.grad = None
+    for fsdp_param in _fsdp_params(model):
+        fsdp_param.unsharded_accumulated_grad = None
+        if hasattr(fsdp_param, "_unsharded_param"):
+            fsdp_param._unsharded_param.grad = None
+
+
+def _drop_gradient(param: Tensor) -> None:
+    param.grad = None
+
+
+@contextmanager
+def unsynced_gradients_dropped(model: nn.Module) -> Iterator[None]:
+    """A backward inside drops each FSDP2 unsharded gradient as soon as autograd has made it
+    (DDP and unwrapped models: nothing changes). For a backward with sync off that is only
+    timed: FSDP2 would otherwise keep every full gradient until the next synced backward, the
+    whole model's (fp32 under bf16) on every rank, where training holds a 1/world shard; a
+    model that fits only sharded would run out of memory in it. Enter it after the forward:
+    FSDP2 makes its unsharded parameters at their first all-gather."""
+    handles = [param._unsharded_param.register_post_accumulate_grad_hook(_drop_gradient)
+               for param in _fsdp_params(model)
+               if hasattr(param, "_unsharded_param")]  # fmt: skip
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

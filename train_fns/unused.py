@@ -11,8 +11,8 @@ gradient, zero where it did not use the parameter: the sum over ranks is the tru
 and before the optimizer a parameter no rank used in the step gets no gradient (None, as
 DDP leaves it: AdamW skips it rather than decaying it). Used means reached by the outputs'
 autograd graph, as DDP finds it (a tied or functionally used parameter counts), agreed over
-the gloo side group. Measured on 2 gloo ranks (tests/dist/test_unused_parameters.py): the losses
-of one process on the same micro-batches, with and without accumulation.
+the training communicator. Measured on 2 gloo ranks (tests/dist/test_unused_parameters.py):
+the losses of one process on the same micro-batches, with and without accumulation.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-from train_fns.ranks import reduce_tensor
+from train_fns.ranks import collective_device
 
 
 class UnusedParameters:
@@ -54,8 +55,13 @@ class UnusedParameters:
 
     def settle(self) -> None:
         """Drop the gradients of parameters no rank used since the last call (every rank calls
-        it at the same point: an all-reduce over the side group)."""
-        used = reduce_tensor(torch.tensor(self.used, dtype=torch.float64), "max").tolist()
+        it at the same point). Inside the measured step, so over the training communicator as
+        DDP's ``find_unused_parameters`` agrees its own map, not over the gloo side group (a
+        host round trip DDP does not pay: FSDP would be measured slower for it); a float32
+        sum, which every forced NCCL algorithm runs (NVLS included)."""
+        flags = torch.tensor(self.used, dtype=torch.float32, device=collective_device())
+        dist.all_reduce(flags)
+        used = flags.tolist()
         for param, flag in zip(self.params, used, strict=True):
             if not flag:
                 param.grad = None

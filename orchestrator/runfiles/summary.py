@@ -31,6 +31,9 @@ class Summary:
     wall_s: float | None = None
     samples_per_s: float | None = None
     """The median over the logged steps."""
+    wall_samples_per_s: float | None = None
+    """Samples over the wall-clock from the first logged step to the last (what training
+    delivers, everything between steps included: ``runlog.wall_samples_per_s``)."""
     comm_fraction: float | None = None
     """Exposed communication over fwd+bwd, over the run."""
     data_fraction: float | None = None

@@ -50,7 +50,7 @@ RESIDENT_BYTES_PER_PARAM = 16
 """What a built configuration holds between its windows, per parameter: fp32 weights and
 gradients and AdamW's two moments (sharded over the ranks under FSDP)."""
 MEMORY_SHARE = 0.9
-"""Of a device's capacity, what the residents and one step's working memory may use."""
+"""Of a device's capacity, what the residents and their steps' working memory may use."""
 
 
 def finalists(
@@ -88,9 +88,13 @@ def noise_margin(recs: list[TrialRecord], delta: float, windows: int) -> float:
 
 def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
     """Whether these configurations can all stay built in one worker group: what each holds
-    between windows (``RESIDENT_BYTES_PER_PARAM``) plus the largest step's working memory (its
-    peak beyond that) within ``MEMORY_SHARE`` of the device. Unknown figures: assumed to fit
-    when no capacity is known, not to fit when a peak is missing."""
+    between windows (``RESIDENT_BYTES_PER_PARAM``) plus every step's working memory (its peak
+    beyond that) within ``MEMORY_SHARE`` of the device. The sum, not the largest: torch's
+    caching allocator keeps each configuration's freed working blocks between windows, and one
+    configuration's block sizes need not serve another's, so a race whose windows are to cost
+    alike (no cudaFree and re-malloc in some switches only) needs room for all of them at
+    once. Unknown figures: assumed to fit when no capacity is known, not to fit when a peak is
+    missing."""
     known = [r.attrs.get(m.MEMORY_CAPACITY_BYTES) for r in recs]
     capacity = min((c for c in known if c), default=0)
     if not capacity:
@@ -103,7 +107,7 @@ def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
         shards = world_size if rec.params.get("strategy") == "fsdp" else 1
         resident = min(peak, (rec.attrs.get(m.NUM_PARAMS) or 0) * RESIDENT_BYTES_PER_PARAM / shards)
         held += resident
-        working = max(working, peak - resident)
+        working += peak - resident
     return held + working <= MEMORY_SHARE * capacity
 
 

@@ -65,6 +65,8 @@ WARMUP_STEPS = 1
 """Unmeasured steps after a configuration is built, before its first window: its switch step
 follows, and the correctness guard judged these configurations in the search already (its
 figures are still taken on this step, not judged again)."""
+REGROW_STEPS = 1
+"""Steps each resident runs again after the last build, unpaired (``Race.warm_ups``)."""
 GROUPS = 3
 """Worker groups a race may use: a hang or crash ends one, and the race goes on in another."""
 FAILURES = 2
@@ -243,10 +245,16 @@ class Race:
         self.finished = True
 
     def warm_ups(self) -> Iterator[TrialPlan]:
-        """Each configuration built (kept resident) and warmed up, the baseline first."""
-        for who in (self.base, *self.entrants):
-            if self.ended is None and (who is self.base or who.out is None):
-                yield self._ask(who, None, None, WARMUP_STEPS, 1)
+        """Each configuration built (kept resident) and warmed up, the baseline first; then
+        each one step again (``REGROW_STEPS``): every build's guard empties the allocator's
+        cache (``StepTimer.reset_peak``), so after the last build the residents built before
+        it would regrow their working memory (cudaMalloc) inside round 0's measured steps,
+        and only theirs: round 0's pairs would not be symmetric."""
+        for again in (False, True):
+            for who in (self.base, *self.entrants):
+                if self.ended is None and (who is self.base or who.out is None):
+                    steps = (0, REGROW_STEPS) if again else (WARMUP_STEPS, 1)
+                    yield self._ask(who, None, None, *steps)
 
     def rounds(self) -> Iterator[TrialPlan]:
         """One pair per finalist due (``_due``), round after round, until the race is over."""
@@ -351,7 +359,9 @@ class Race:
                          outcome.get(m.STATE) in ENDS_GROUP)  # fmt: skip
             return
         if slot.pair is None:
-            self.say(f"race: {self._name(slot.who)} built and warmed up ({value:.2f} samples/s)")
+            first = next(s for s in self.slots if s.who is slot.who and s.pair is None) is slot
+            done = "built and warmed up" if first else "warm again after the last build"
+            self.say(f"race: {self._name(slot.who)} {done} ({value:.2f} samples/s)")
             return
         target = slot.against.baseline if slot.who is self.base else slot.against.windows
         target[slot.pair] = value

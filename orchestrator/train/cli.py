@@ -187,8 +187,10 @@ def print_summary(summary: Summary, out: Path) -> None:
     if summary.world_sizes:  # each logged step gives a world size
         print(
             f"done: {summary.steps}/{summary.steps_wanted} steps, final loss "
-            f"{_figure(summary.final_loss, '.4f')}, {_figure(summary.samples_per_s, '.1f')} "
-            f"samples/s (median), exposed comm {_figure(summary.comm_fraction, '.0%')} of "
+            f"{_figure(summary.final_loss, '.4f')}, "
+            f"{_figure(summary.wall_samples_per_s, '.1f')} samples/s over the wall-clock "
+            f"({_figure(summary.samples_per_s, '.1f')} the median step), exposed comm "
+            f"{_figure(summary.comm_fraction, '.0%')} of "
             f"fwd+bwd, data wait {_figure(summary.data_fraction, '.0%')} of the step, "
             f"{len(summary.restarts or [])} restart(s), {_figure(summary.wall_s, '.0f')}s"
         )

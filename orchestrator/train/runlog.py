@@ -328,6 +328,7 @@ class RunLog:
             final_loss=rows[-1][m.LOSS] if rows else None,
             wall_s=wall_s,
             samples_per_s=_median([r[m.SAMPLES_PER_S] for r in rows]),
+            wall_samples_per_s=wall_samples_per_s(rows),
             comm_fraction=_fraction(rows, m.EXPOSED_COMM_S),
             data_fraction=_share(rows, m.DATA_S),
             nonfinite_steps=nonfinite,
@@ -377,6 +378,20 @@ def _snapshots(took: list[float], held_back: int) -> dict[str, Any] | None:
         return None
     return {"taken": len(took), "median_s": _median(took), "total_s": sum(took),
             "held_back": held_back}  # fmt: skip
+
+
+def wall_samples_per_s(rows: list[dict[str, Any]]) -> float | None:
+    """Samples trained over the wall-clock from the first row's step start to the last row's
+    step end: what a user pays, the reports, checkpoints, snapshots, no-sync references and
+    restarts between steps included, which the per-step figure leaves out. Each row is one
+    step (a re-done one once), its samples its step's global batch (samples/s x seconds)."""
+    keys = (m.WALL_TIME, m.STEP_TIME_S, m.SAMPLES_PER_S)
+    if not rows or any(r.get(k) is None for r in rows for k in keys):
+        return None
+    first, last = rows[0], rows[-1]
+    span = last[m.WALL_TIME] - (first[m.WALL_TIME] - first[m.STEP_TIME_S])
+    samples = sum(r[m.SAMPLES_PER_S] * r[m.STEP_TIME_S] for r in rows)
+    return samples / span if span > 0 else None
 
 
 def _finite(value: Any) -> bool:

@@ -89,9 +89,10 @@ def test_each_trial_says_where_its_time_went(ranged: tuple[Path, str]) -> None:
 def test_the_race_pairs_windows_in_the_same_processes(ranged: tuple[Path, str]) -> None:
     out, _ = ranged
     remeasured = list(csv.DictReader((out / "remeasure.csv").open()))
-    # the race: both built and warmed up, then pairs of windows (B c, then c B, ...)
+    # the race: both built and warmed up, each a step again after the last build, then pairs
+    # of windows (B c, then c B, ...)
     assert {r["pairing"] for r in remeasured} == {"window"}
-    assert [r["role"] for r in remeasured if r["pair"] == ""] == ["baseline", "finalist"]
+    assert [r["role"] for r in remeasured if r["pair"] == ""] == ["baseline", "finalist"] * 2
     paired = [r for r in remeasured if r["pair"] != ""]
     assert len(paired) >= 6 and [r["role"] for r in paired[:4]] == [
         "baseline", "finalist", "finalist", "baseline",

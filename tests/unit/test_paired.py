@@ -199,7 +199,10 @@ def test_a_clear_gain_is_kept_after_three_pairs_despite_drift(seed: int) -> None
     assert decide(entrant.paired.low, entrant.paired.high, 0.02) == KEEP
     residents = [who for who, pair, _ in driven.asked]
     assert residents[:2] == ["baseline", "trial5"]  # built and warmed up, the baseline first
-    assert residents[2:] == ["baseline", "trial5", "trial5", "baseline", "baseline", "trial5"]
+    # then each a step again, after the last build emptied the allocator's cache
+    assert residents[2:4] == ["baseline", "trial5"]
+    assert [steps for _, pair, steps in driven.asked[2:4]] == [race_mod.REGROW_STEPS] * 2
+    assert residents[4:] == ["baseline", "trial5", "trial5", "baseline", "baseline", "trial5"]
     # a window: the search's (9 steps in 3 windows) and the step after the switch, counted
     assert {steps for _, pair, steps in driven.asked if pair is not None} == {4}
 
@@ -211,7 +214,7 @@ def test_the_race_drops_the_slower_and_keeps_racing_the_undecided() -> None:
     assert by[6].out.startswith("slower") and by[6].paired.pairs == 3
     assert by[5].out is None and by[7].out is None  # both kept racing: neither below the other
     rows = driven.race.rows
-    assert {r["pairing"] for r in rows} == {"window"} and len(rows) == 4 + 3 * 3 * 2
+    assert {r["pairing"] for r in rows} == {"window"} and len(rows) == 2 * 4 + 3 * 3 * 2
 
 
 @pytest.mark.parametrize("seed", SEEDS)
