@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import itertools
 import math
 import os
@@ -43,7 +42,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks._record import add_results_option, recording  # noqa: E402
-from benchmarks.gpu_check_stages import nccl_values_stage, versions_stage  # noqa: E402
+from benchmarks.gpu_check_stages import (  # noqa: E402
+    load_file_module,
+    nccl_values_stage,
+    versions_stage,
+)
 from benchmarks.gpu_worker_stages import run_worker_stages  # noqa: E402
 from train_fns import metrics as m  # noqa: E402
 from train_fns.group import free_memory, live_groups, release_groups  # noqa: E402
@@ -211,19 +214,6 @@ def run_case(case: Case, setup: Setup, tf32: tuple[bool, bool]) -> Outcome:
     return outcome
 
 
-def load_correctness() -> ModuleType:
-    """``orchestrator/search/correctness.py`` loaded from its file: importing it as a module
-    runs ``orchestrator/__init__`` and ``orchestrator/search/__init__``, which import Optuna.
-    The file itself needs only the standard library, so the driver's very check is used."""
-    path = ROOT / "orchestrator" / "search" / "correctness.py"
-    spec = importlib.util.spec_from_file_location("commtune_gpu_check_correctness", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def guard_columns(outcome: Outcome, base: Outcome | None, correctness: ModuleType) -> dict:
     """The guard's largest relative gaps from the baseline (figures both overflowed, which
     the check skips, are skipped here too) and the driver's verdict at its tolerance."""
@@ -363,7 +353,9 @@ def describe(setup: Setup, quick: bool) -> str:
 def run_all(cases: list[Case], setup: Setup, budget_s: float, out: csv.DictWriter) -> list[dict]:
     """Every case in order, a progress line and a CSV row each as it ends (a run cut short
     keeps what it measured); a case after the budget is listed, not run."""
-    correctness, started = load_correctness(), time.perf_counter()
+    # the driver's very check, from its file: importing orchestrator.search imports Optuna
+    correctness = load_file_module("orchestrator/search/correctness.py", "gpu_check_correctness")
+    started = time.perf_counter()
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     baselines: dict[str, Outcome] = {}
     rows = []
