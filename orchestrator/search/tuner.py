@@ -27,6 +27,7 @@ from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
+from orchestrator.search.results import TrialRecord, derived_attrs
 from orchestrator.search.study import INTERRUPTED, REQUEUE, counted
 from orchestrator.search.trial import (
     NODES,
@@ -67,6 +68,22 @@ def json_safe(value: Any) -> Any:
         return value
     except TypeError:
         return json.loads(json.dumps(value, default=str))
+
+
+def tell(
+    study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], outcome: dict[str, Any]
+) -> None:
+    """Finish ``trial`` with ``outcome``: every key a user attribute (the study is the record
+    every output is rebuilt from), the objective where it completed."""
+    outcome.setdefault(m.STATE, m.CRASH)
+    outcome.setdefault("params", params)
+    record = TrialRecord(trial.number, outcome[m.STATE], outcome.get(m.REASON, ""),
+                         outcome["params"], outcome)  # fmt: skip
+    for key, value in {**outcome, **derived_attrs(record)}.items():
+        trial.set_user_attr(key, json_safe(value))
+    state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
+    value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
+    study.tell(trial, value, state=state)
 
 
 @dataclass
@@ -285,13 +302,7 @@ class GroupSearch(Searcher):
             self.pending[:0] = left
 
     def _tell(self, asked: Asked, outcome: dict[str, Any]) -> None:
-        outcome.setdefault(m.STATE, m.CRASH)
-        outcome.setdefault("params", asked.params)
-        for key, value in outcome.items():
-            asked.trial.set_user_attr(key, json_safe(value))
-        state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
-        value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
-        self.study.tell(asked.trial, value, state=state)
+        tell(self.study, asked.trial, asked.params, outcome)
 
     def _interrupt_pending(self, reason: str, line: str) -> None:
         """Configurations asked but never run when the search stops early (its time budget,
