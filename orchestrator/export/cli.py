@@ -21,7 +21,7 @@ from pathlib import Path
 from orchestrator.export import accelerate, lightning, torchrun, trainer
 from orchestrator.export.entry import Export, Tuned, read_tuned
 from orchestrator.inputs import ConfigError
-from orchestrator.runfiles import write_atomic
+from orchestrator.runfiles import BEST_YAML, write_atomic
 
 TARGETS: dict[str, Callable[[Tuned, str], Export]] = {
     "trainer": trainer.render,
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m orchestrator.export", description=__doc__,
                                 allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("run", metavar="RUN", help="a run folder (runs/<study>) or a best.yaml")
+    p.add_argument("run", metavar="RUN", help=f"a run folder (runs/<study>) or a {BEST_YAML}")
     p.add_argument("--to", required=True, metavar="TARGET", help=", ".join(TARGETS))
     p.add_argument("--workers", type=int, metavar="N", help="the size's entry (default: the run's)")
     p.add_argument("--nodes", type=int, default=1, metavar="M", help="nodes the workers span")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 
 from orchestrator.export.entry import Export, Tuned
+from orchestrator.runfiles import BEST_YAML
 
 BEST_VARIABLE = "COMMTUNE_BEST"
 """Where the launched script finds best.yaml (``tuned.load(os.environ[...])``)."""
@@ -45,7 +46,7 @@ def render(tuned: Tuned, script: str) -> Export:
         f"# commtune export for torchrun: {tuned.name} at {tuned.world_size} workers "
         f"({tuned.num_nodes} node(s) x {tuned.per_node}), {tuned.backend}",
         f"# {split_line(tuned)}; {tuned.line}",
-        "# The script applies the split, the buckets and the sharding from best.yaml:",
+        f"# The script applies the split, the buckets and the sharding from {BEST_YAML}:",
         f"#   best = tuned.load(os.environ['{BEST_VARIABLE}'])   # from train_fns import tuned",
         "#   micro_batch, accumulation = tuned.split(best, world_size)",
         "#   model = tuned.wrap(model, best)",

@@ -23,11 +23,12 @@ from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.placement import choose_nodes, trial_resources
+from orchestrator.runfiles import Board
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
-from orchestrator.search.results import TrialRecord, derived_attrs
+from orchestrator.search.results import TrialRecord, derived_attrs, measured_columns
 from orchestrator.search.study import INTERRUPTED, REQUEUE, counted
 from orchestrator.search.trial import (
     NODES,
@@ -72,9 +73,9 @@ def json_safe(value: Any) -> Any:
 
 def tell(
     study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], outcome: dict[str, Any]
-) -> None:
+) -> TrialRecord:
     """Finish ``trial`` with ``outcome``: every key a user attribute (the study is the record
-    every output is rebuilt from), the objective where it completed."""
+    every output is rebuilt from), the objective where it completed; returns its record."""
     outcome.setdefault(m.STATE, m.CRASH)
     outcome.setdefault("params", params)
     record = TrialRecord(trial.number, outcome[m.STATE], outcome.get(m.REASON, ""),
@@ -84,6 +85,7 @@ def tell(
     state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
     value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
     study.tell(trial, value, state=state)
+    return record
 
 
 @dataclass
@@ -139,6 +141,8 @@ class GroupSearch(Searcher):
         self.pending: list[Asked] = []
         self.running: dict[str, Group] = {}
         self.deadline: float | None = None
+        self.board: Board | None = None
+        """Each told trial's figures as TensorBoard scalars at its number (None: none)."""
         """Wall-clock time (``time.time()``) after which no new configuration starts."""
         self.slowest_start_s: float | None = None
         """The slowest group start this run has seen (not a resumed study's older ones, from
@@ -302,7 +306,9 @@ class GroupSearch(Searcher):
             self.pending[:0] = left
 
     def _tell(self, asked: Asked, outcome: dict[str, Any]) -> None:
-        tell(self.study, asked.trial, asked.params, outcome)
+        record = tell(self.study, asked.trial, asked.params, outcome)
+        if self.board is not None:
+            self.board.add(measured_columns(record), record.number, "trial/")
 
     def _interrupt_pending(self, reason: str, line: str) -> None:
         """Configurations asked but never run when the search stops early (its time budget,
@@ -332,6 +338,7 @@ def build_tuner(
     ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
+    searcher.board = Board(out_dir, "search")
     import ray
 
     resources = trial_resources(ray.nodes())
