@@ -39,10 +39,10 @@ MICRO_BATCH, ACCUMULATION, BUCKET_BYTES = 4, 2, 5 * 1024 * 1024
 STEPS = 2
 
 
-def make_run(folder: Path) -> Path:
-    """The run folder, as a search leaves it (the files export reads)."""
+def make_run(folder: Path, best: dict | None = None) -> Path:
+    """The run folder, as a search leaves it (the files export reads); ``best`` over BEST."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / BEST_YAML).write_text(yaml.safe_dump(BEST))
+    (folder / BEST_YAML).write_text(yaml.safe_dump({**BEST, **(best or {})}))
     (folder / RUN_INFO).write_text(json.dumps({"backend": "gloo", "use_gpu": False,
                                                "world_size": 2}))  # fmt: skip
     return folder

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _export_run import (
     ACCUMULATION,
+    BEST,
     BUCKET_BYTES,
     BUFFSIZE,
     CHECK,
@@ -108,6 +109,27 @@ def test_what_a_target_cannot_say_is_named(tmp_path: Path) -> None:
     named = {u["key"] for u in json.loads(done.stdout)["not_expressed"]}
     assert named == {"activation_checkpointing", "adamw_impl"}
     assert "not expressed in lightning: activation_checkpointing=True" in done.stderr
+
+
+def test_fsdp_options_a_target_lacks_are_named(tmp_path: Path) -> None:
+    """Resharding to a group of 2 and a prefetch depth: FSDP2 knobs neither Accelerate's plugin
+    nor Lightning's strategy takes; each names them rather than dropping them."""
+    from orchestrator.export import export as export_to
+
+    fsdp = {"strategy": "fsdp", "cluster": {"num_workers": 4, "use_gpu": False},
+            "workload": {**BEST["workload"], "unused_parameters": False}, "sizes": {},
+            "tuned": {"accumulation_steps": 2, "reshard_after_forward": 2,
+                      "forward_prefetch": 1}}  # fmt: skip
+    run = make_run(tmp_path / "run", fsdp)
+    accelerate = export_to(run, "accelerate")
+    assert accelerate.settings["config_file"]["distributed_type"] == "FSDP"
+    assert accelerate.settings["config_file"]["fsdp_config"]["fsdp_version"] == 2
+    named = {u.key for u in accelerate.unexpressed}
+    assert {"reshard_after_forward", "forward_prefetch"} <= named
+    assert "# not expressed: reshard_after_forward=2: " in accelerate.text
+    lightning = export_to(run, "lightning")
+    assert lightning.settings["strategy"]["class"] == "ModelParallelStrategy"
+    assert {"reshard_after_forward", "forward_prefetch"} <= {u.key for u in lightning.unexpressed}
 
 
 @pytest.mark.parametrize(
