@@ -27,6 +27,7 @@ from orchestrator.runfiles import (
     below_searched,
     write_summary,
 )
+from orchestrator.train.progress import StepProgress
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 
@@ -189,6 +190,7 @@ class RunLog:
         self._norms = self._csv(GRAD_NORMS_CSV, ("step", "layer", "norm"))
         self._events = (self.out / EVENTS_JSONL).open("a")
         self._board = Board(self.out, "train")
+        self._view = StepProgress(self.steps)
 
     def _csv(self, name: str, columns: tuple) -> Any:
         """``name`` opened to append rows of ``columns``; a file an older version wrote with
@@ -288,6 +290,8 @@ class RunLog:
         share = comm_fraction(report.get(m.EXPOSED_COMM_S), report.get(m.COMPUTE_S))
         self._board.add({**{k: report.get(k) for k in BOARD_COLUMNS}, "comm_share": share},
                         step, "train/")  # fmt: skip
+        self._view.update(step, report.get(m.LOSS), report.get(m.SAMPLES_PER_S),
+                          report.get(m.WORLD_SIZE))  # fmt: skip
         for layer, norm in (report.get(m.LAYER_GRAD_NORMS) or {}).items():
             self._norms[1].writerow([step, layer, norm])
         if step % self.log_every == 0 or step == self.steps or report.get(m.CHECKPOINT_STEP):
@@ -377,6 +381,7 @@ class RunLog:
         for handle in (self._progress[0], self._norms[0], self._events):
             handle.close()
         self._board.close()
+        self._view.close()
 
 
 def _snapshots(took: list[float], held_back: int) -> dict[str, Any] | None:
