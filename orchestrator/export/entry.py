@@ -67,12 +67,6 @@ class Tuned:
     def per_node(self) -> int:
         return self.world_size // self.num_nodes
 
-    def changed_ddp(self) -> dict[str, Any]:
-        """The DDP options that differ from torch's defaults, by DDP's own argument names."""
-        default = DDPOptions()
-        return {f.name: getattr(self.ddp, f.name) for f in dataclasses.fields(DDPOptions)
-                if getattr(self.ddp, f.name) != getattr(default, f.name)}  # fmt: skip
-
     def changed_fsdp(self) -> dict[str, Any]:
         """The FSDP2 options that differ from FSDP2's defaults (empty under DDP)."""
         if self.strategy != "fsdp":
@@ -102,9 +96,14 @@ def read_tuned(run: str | Path, workers: int | None = None, nodes: int = 1,
     nodes. A size with no entry of its own is a ConfigError naming the sizes there are, unless
     ``adapt``: then the nearest entry re-split, as a resized training run would run it."""
     path = best_path(run)
-    config = load_config(str(path))
+    try:
+        config = load_config(str(path))
+    except ConfigError as e:  # say which file: a run folder's best.yaml may be hand-edited
+        raise ConfigError(e.key, f"{str(e).split(': ', 1)[1]} (in {path})") from e
     world = config.cluster.num_workers if workers is None else workers
-    if world < 1 or nodes < 1 or world % nodes:
+    if world < 1:
+        raise ConfigError("--workers", f"{world}; give a number of workers, 1 or more")
+    if nodes < 1 or world % nodes:
         raise ConfigError("--nodes", f"{nodes} nodes cannot hold {world} workers evenly; give a "
                           "number of nodes that divides --workers")  # fmt: skip
     entries = run_entries(config)

@@ -141,6 +141,7 @@ def test_fsdp_options_a_target_lacks_are_named(tmp_path: Path) -> None:
         (["--to", "trainer", "--workers", "3", "--adapt"],
          "3 workers cannot carry workload.global_batch=16 exactly"),
         (["--to", "trainer", "--nodes", "3"], "--nodes: 3 nodes cannot hold 2 workers"),
+        (["--to", "torchrun", "--workers", "0"], "--workers: 0; give a number of workers"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_with_the_fix(tmp_path: Path, args: list[str], said: str) -> None:
@@ -156,6 +157,10 @@ def test_a_missing_run_is_named(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     done = export(tmp_path / "empty", "--to", "trainer")
     assert done.returncode == 2 and f"holds no {BEST_YAML}" in done.stderr
+    run = make_run(tmp_path / "edited", {"tuned": {"bucket_cap": 5}})
+    done = export(run, "--to", "torchrun")
+    assert done.returncode == 2 and "tuned.bucket_cap: unknown knob; did you mean " in done.stderr
+    assert f"(in {run / BEST_YAML})" in done.stderr  # which file holds it
 
 
 def test_a_size_without_its_entry_is_re_split_on_request(tmp_path: Path) -> None:
