@@ -24,32 +24,42 @@ _said: list[bool] = []
 
 class Board:
     """One folder of event files under the run folder's ``tensorboard/``, written as the
-    numbers come (each add flushed: a TensorBoard open beside the run sees it at once)."""
+    numbers come (each add flushed: a TensorBoard open beside the run sees it at once). It
+    pickles as its folder (Tune saves the searcher that holds one); the writer is opened on
+    the first add."""
 
     def __init__(self, out: Path, part: str) -> None:
         self.folder = out / TENSORBOARD_DIR / part
         self._writer: Any = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            if not _said:
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"folder": self.folder, "_writer": None}
+
+    def _open(self) -> Any:
+        if self._writer is None and not _said:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
                 _said.append(True)
                 log.warning("no TensorBoard event files: the tensorboard package is not "
                             "installed (pip install -e \".[tools]\")")  # fmt: skip
-            return
-        self._writer = SummaryWriter(log_dir=str(self.folder))
+                return None
+            self._writer = SummaryWriter(log_dir=str(self.folder))
+        return self._writer
 
     def add(self, values: Mapping[str, Any], step: int, prefix: str = "") -> None:
         """Each finite number of ``values`` as the scalar ``prefix + name`` at ``step``."""
-        if self._writer is None:
+        writer = self._open()
+        if writer is None:
             return
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if math.isfinite(value):
-                self._writer.add_scalar(f"{prefix}{name}", value, step)
-        self._writer.flush()
+                writer.add_scalar(f"{prefix}{name}", value, step)
+        writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+            self._writer = None

@@ -115,3 +115,17 @@ def test_a_race_writes_each_judged_pair(tmp_path: Path) -> None:
     found = _scalars(tmp_path / TENSORBOARD_DIR / "race")
     assert found["race/trial_3/pair_ratio"] == [(1, pytest.approx(1.1)), (2, pytest.approx(1.2))]
     assert [step for step, _ in found["race/trial_3/interval_low"]] == [2]  # needs two pairs
+
+
+def test_a_board_pickles_as_its_folder(tmp_path: Path) -> None:
+    """Tune pickles the searcher that holds the search's board: an open writer's lock cannot."""
+    import pickle
+
+    board = Board(tmp_path, "search")
+    board.add({"samples_per_s": 1.0}, 0)
+    again = pickle.loads(pickle.dumps(board))
+    again.add({"samples_per_s": 2.0}, 1)
+    board.close()
+    again.close()
+    assert [v for _, v in _scalars(tmp_path / TENSORBOARD_DIR / "search")["samples_per_s"]] == [
+        1.0, 2.0]  # fmt: skip
