@@ -23,6 +23,8 @@ QUICK = {
                     r"tuned vs defaults: [0-9.]+x faster \(95% interval [0-9.]+-[0-9.]+ over 2 "),
     "futility": r"\n8% \| 1\.00 \| new \| 0% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
     "race_focus": r"\n6% \| 1\.08, 1\.04 \| leader \| \d+% \| \d+% \| \d+% \| \d+% \| [0-9.]+\n",
+    "trainer_export": (r"exported / defaults: median [0-9.]+ \(range [0-9.]+-[0-9.]+ over 1 "
+                       r"paired runs\)\ncommtune's verdict for the same run: no verdict recorded"),
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SEARCHES = {
