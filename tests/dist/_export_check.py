@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import BertConfig, BertForMaskedLM
 
 STEPS = 2
@@ -42,11 +43,22 @@ def collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def count_forwards(model: nn.Module) -> list[int]:
-    """Each forward's batch size, appended as the model runs (the tool's micro-batches)."""
+    """Each forward's batch size, appended as the model runs (the tool's micro-batches); each
+    optimizer step appends its position in ``STEP_MARKS`` (whichever optimizer the tool made;
+    after the step, as Lightning runs the last micro-batch's forward inside ``step``)."""
     seen: list[int] = []
     model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(len(kwargs["input_ids"])),
                                     with_kwargs=True)  # fmt: skip
+    register_optimizer_step_post_hook(lambda *_: STEP_MARKS.append(len(seen)))
     return seen
+
+
+STEP_MARKS: list[int] = []
+
+
+def per_step() -> list[int]:
+    """Micro-batches each optimizer step took: the accumulation the tool really ran."""
+    return [b - a for a, b in zip([0, *STEP_MARKS], STEP_MARKS, strict=False)]
 
 
 def ddp_record(wrapped: nn.Module) -> dict[str, Any]:
@@ -87,8 +99,8 @@ def run_trainer(settings: dict[str, Any]) -> dict[str, Any]:
     trainer = Trainer(model=model, args=args, train_dataset=samples(), data_collator=collate)
     trainer.train()
     return {**ddp_record(trainer.model_wrapped), **optimizer_record(trainer.optimizer),
-            "accumulation": trainer.accelerator.gradient_accumulation_steps,
-            "steps": trainer.state.global_step, "micro_batches": seen}  # fmt: skip
+            "accumulation": per_step(), "steps": trainer.state.global_step,
+            "micro_batches": seen}  # fmt: skip
 
 
 def run_accelerate(settings: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +131,7 @@ def run_accelerate(settings: dict[str, Any]) -> dict[str, Any]:
         **ddp_record(model),
         **optimizer_record(optimizer),
         "steps": steps,
-        "accumulation": accelerator.gradient_accumulation_steps,
+        "accumulation": per_step(),
         "micro_batches": seen,
     }
 
@@ -133,10 +145,12 @@ def run_torchrun(settings: dict[str, Any]) -> dict[str, Any]:
     model = tuned.wrap(tiny_model(), best)
     seen = count_forwards(model.module)
     data = collate(samples()[: micro * accumulation])
+    optimizer = torch.optim.AdamW(model.parameters())
     for i in range(accumulation):  # one optimizer step's micro-batches
         part = {k: v[i * micro : (i + 1) * micro] for k, v in data.items()}
         model(**part).loss.backward()
-    record = {**ddp_record(model), "accumulation": accumulation, "steps": 1,
+    optimizer.step()
+    record = {**ddp_record(model), "accumulation": per_step(), "steps": 1,
               "micro_batches": seen}  # fmt: skip
     dist.destroy_process_group()
     return record
@@ -168,7 +182,7 @@ def run_lightning(settings: dict[str, Any]) -> dict[str, Any]:
         def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             record.update(ddp_record(trainer.strategy.model),
                           **optimizer_record(trainer.optimizers[0]),
-                          accumulation=trainer.accumulate_grad_batches,
+                          accumulation=per_step(),
                           steps=trainer.global_step)  # fmt: skip
 
     module = Module()

@@ -42,7 +42,7 @@ def _took_effect(ranks: list[dict], checkpointing: bool = True) -> None:
         assert r["bucket_bytes_cap"] == BUCKET_BYTES  # the default is 25 MiB
         assert r["find_unused_parameters"] is True
         assert r["broadcast_buffers"] is False
-        assert r["accumulation"] == ACCUMULATION
+        assert r["accumulation"] == [ACCUMULATION] * r["steps"]  # micro-batches per step
         assert r["nccl_buffsize"] == BUFFSIZE  # the variables reached every process
         assert r["checkpointing"] is checkpointing
         # every micro-batch the model ran was the tuned one, ACCUMULATION per optimizer step
