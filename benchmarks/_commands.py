@@ -44,16 +44,17 @@ class Ran:
 
 def run_module(
     module: str, args: list[str], *, check: bool = True, timeout_s: float | None = None,
-    on_line: Callable[[str], None] | None = None,
+    on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
 ) -> Ran:  # fmt: skip
     """``python -m module *args``; with ``on_line``, each output line as it comes (stderr merged
     in). ``check``: a non-zero exit ends the benchmark, naming the command and its output's
-    tail. Past ``timeout_s`` the command's session is ended and the benchmark stops."""
+    tail. Past ``timeout_s`` the command's session is ended and the benchmark stops. ``env``:
+    the command's whole environment (default: this process's)."""
     cmd = [sys.executable, "-m", module, *args]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     fired = threading.Event()
     timer = threading.Timer(timeout_s, lambda: (fired.set(), _end(proc))) if timeout_s else None
     try:

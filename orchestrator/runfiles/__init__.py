@@ -8,6 +8,7 @@ to it): ``files`` names the files and reads and writes them (whole files atomica
 the wrong kind reads as absent), ``record`` is a whole folder read once.
 """
 
+from orchestrator.runfiles.board import Board
 from orchestrator.runfiles.files import (
     BEST_ENV,
     BEST_YAML,
@@ -25,6 +26,7 @@ from orchestrator.runfiles.files import (
     STUDY_DB,
     STUDY_JOURNAL,
     SUMMARY_JSON,
+    TENSORBOARD_DIR,
     TRAIN_DIR,
     TRAIN_FILES,
     TRAIN_RUN_NAME,
@@ -63,6 +65,7 @@ __all__ = [
     "STUDY_DB",
     "STUDY_JOURNAL",
     "SUMMARY_JSON",
+    "TENSORBOARD_DIR",
     "TRAIN_DIR",
     "TRAIN_FILES",
     "TRAIN_RUN_NAME",
@@ -70,6 +73,7 @@ __all__ = [
     "TRIALS_DIR",
     "TUNER_CONF",
     "WRITTEN_FILES",
+    "Board",
     "RunInfo",
     "RunRecord",
     "Summary",

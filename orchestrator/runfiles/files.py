@@ -64,6 +64,9 @@ TRAIN_DIR = "train"
 """A training run kept beside the search that tuned it."""
 PROBE_DIR = "trainer"
 """The probe's TorchTrainer run state inside its output folder."""
+TENSORBOARD_DIR = "tensorboard"
+"""TensorBoard event files: ``search``, ``race`` (a search's) and ``train`` (a training run's)
+beside each other, so ``tensorboard --logdir runs/<name>/tensorboard`` shows them all."""
 TRAIN_RUN_NAME = "train"
 """Ray Train run name inside a training run's folder: a second start with it resumes it."""
 

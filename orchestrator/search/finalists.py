@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.paired import comparable_cv, noise_floor, ratios_from_rows, recorded_fraction
 from orchestrator.placement import group_nodes, pinnable
-from orchestrator.runfiles import REMEASURE_CSV, read_csv, write_csv
+from orchestrator.runfiles import REMEASURE_CSV, Board, read_csv, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
@@ -126,6 +126,7 @@ def remeasure(
     if window:
         floor = noise_floor(window_cvs(recs), ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
+        race.board = Board(out, "race")
         race.run()
         rows += race.rows
         if race.ended:
@@ -182,6 +183,7 @@ def measure_on(
     race = Race(ctx, baseline, chosen, deadline=deadline,
                 floor=recorded_fraction(rows, "floor", 0.0))  # fmt: skip
     race.delta = delta
+    race.board = Board(out, "race")
     race.carry(rows)
     if any(entrant.out is None for entrant in race.entrants):
         race.run()

@@ -38,6 +38,7 @@ from orchestrator.paired import (
     pair_order,
     ratios_from_rows,
 )
+from orchestrator.runfiles import Board
 from orchestrator.search.group_run import GroupRun
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
@@ -128,6 +129,8 @@ class Race:
     ) -> None:  # fmt: skip
         search = ctx.config.search
         self.ctx, self.say = ctx, say
+        self.board: Board | None = None
+        """Each judged pair as TensorBoard scalars at its round (None: none)."""
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
         self.steps = max(1, max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS)
         """A window's measured steps: a visit is the search's window and one step more, the
@@ -392,6 +395,12 @@ class Race:
             if paired.pairs >= 2
             else "an interval needs two"
         )
+        if self.board is not None:
+            figures = {"pair_ratio": mine / base, "samples_per_s": mine,
+                       "baseline_samples_per_s": base, "ratio": paired.ratio}  # fmt: skip
+            if paired.pairs >= 2:  # an interval needs two
+                figures.update(interval_low=paired.low, interval_high=paired.high)
+            self.board.add(figures, pair + 1, f"race/trial_{entrant.record.number}/")
         measured = entrant.measured
         out = len(paired.disturbed)
         left = f", {out} disturbed left out" if out else ""

@@ -117,33 +117,41 @@ def best_record(recs: list[TrialRecord]) -> TrialRecord | None:
 
 def write_trials_csv(recs: list[TrialRecord], path: Path) -> None:
     names = sorted({k for r in recs for k in r.params})
-    header = [
-        "number", "state", *names, *_CSV_METRICS, "peak_mem_mib", m.MEMORY_CAPACITY_BYTES,
-        "trial_wall_s", "measured_share", *TIMING_PARTS, m.PLACEMENT, "phase", "lossy", "reason",
-    ]  # fmt: skip
+    header = ["number", "state", *names, *measured_columns(TrialRecord(0, "", "", {}, {}))]
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(header)
     for r in recs:
-        peak = r.attrs.get(m.PEAK_MEM_BYTES)
-        writer.writerow(
-            [
-                r.number,
-                r.state,
-                *(r.params.get(n, "") for n in names),
-                *(_fmt(r.attrs.get(k)) for k in _CSV_METRICS),
-                "" if peak is None else f"{peak / 2**20:.1f}",
-                r.attrs.get(m.MEMORY_CAPACITY_BYTES) or "",
-                _fmt(r.attrs.get("trial_wall_s")),
-                _fmt(measured_share(r)),
-                *(_fmt(timings(r).get(k)) for k in TIMING_PARTS),
-                r.attrs.get(m.PLACEMENT, ""),
-                r.attrs.get("phase", "") if r.state != m.COMPLETE else "",
-                " ".join(lossy_knobs(r.params)),
-                r.reason,
-            ]
-        )
+        columns = measured_columns(r).values()
+        writer.writerow([r.number, r.state, *(r.params.get(n, "") for n in names),
+                         *(_fmt(v) for v in columns)])  # fmt: skip
     write_atomic(path, text.getvalue())
+
+
+def measured_columns(rec: TrialRecord) -> dict[str, Any]:
+    """trials.csv's columns after the params, by name (None: blank): the figures, where the
+    wall-clock went, the placement, the phase a failure happened in, lossy knobs, the reason."""
+    peak, parts = rec.attrs.get(m.PEAK_MEM_BYTES), timings(rec)
+    return {
+        **{k: rec.attrs.get(k) for k in _CSV_METRICS},
+        "peak_mem_mib": None if peak is None else round(peak / 2**20, 1),
+        m.MEMORY_CAPACITY_BYTES: rec.attrs.get(m.MEMORY_CAPACITY_BYTES) or None,
+        "trial_wall_s": rec.attrs.get("trial_wall_s"),
+        "measured_share": measured_share(rec),
+        **{k: parts.get(k) for k in TIMING_PARTS},
+        m.PLACEMENT: rec.attrs.get(m.PLACEMENT),
+        "phase": rec.attrs.get("phase") if rec.state != m.COMPLETE else None,
+        "lossy": " ".join(lossy_knobs(rec.params)) or None,
+        "reason": rec.reason,
+    }
+
+
+def derived_attrs(rec: TrialRecord) -> dict[str, Any]:
+    """The columns of ``rec``'s trials.csv row that its outcome holds under no flat key of its
+    own (memory in MiB, the measured share, each part of the wall-clock, lossy knobs): set as
+    user attributes too, optuna-dashboard's table shows what trials.csv does."""
+    return {k: v for k, v in measured_columns(rec).items()
+            if v not in (None, "") and k not in rec.attrs}  # fmt: skip
 
 
 def memory_capacity_info(recs: list[TrialRecord]) -> RunInfo:

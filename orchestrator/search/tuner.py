@@ -23,10 +23,12 @@ from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
 from orchestrator.placement import choose_nodes, trial_resources
+from orchestrator.runfiles import Board
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
+from orchestrator.search.results import TrialRecord, derived_attrs, measured_columns
 from orchestrator.search.study import INTERRUPTED, REQUEUE, counted
 from orchestrator.search.trial import (
     NODES,
@@ -67,6 +69,23 @@ def json_safe(value: Any) -> Any:
         return value
     except TypeError:
         return json.loads(json.dumps(value, default=str))
+
+
+def tell(
+    study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], outcome: dict[str, Any]
+) -> TrialRecord:
+    """Finish ``trial`` with ``outcome``: every key a user attribute (the study is the record
+    every output is rebuilt from), the objective where it completed; returns its record."""
+    outcome.setdefault(m.STATE, m.CRASH)
+    outcome.setdefault("params", params)
+    record = TrialRecord(trial.number, outcome[m.STATE], outcome.get(m.REASON, ""),
+                         outcome["params"], outcome)  # fmt: skip
+    for key, value in {**outcome, **derived_attrs(record)}.items():
+        trial.set_user_attr(key, json_safe(value))
+    state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
+    value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
+    study.tell(trial, value, state=state)
+    return record
 
 
 @dataclass
@@ -122,6 +141,8 @@ class GroupSearch(Searcher):
         self.pending: list[Asked] = []
         self.running: dict[str, Group] = {}
         self.deadline: float | None = None
+        self.board: Board | None = None
+        """Each told trial's figures as TensorBoard scalars at its number (None: none)."""
         """Wall-clock time (``time.time()``) after which no new configuration starts."""
         self.slowest_start_s: float | None = None
         """The slowest group start this run has seen (not a resumed study's older ones, from
@@ -285,13 +306,9 @@ class GroupSearch(Searcher):
             self.pending[:0] = left
 
     def _tell(self, asked: Asked, outcome: dict[str, Any]) -> None:
-        outcome.setdefault(m.STATE, m.CRASH)
-        outcome.setdefault("params", asked.params)
-        for key, value in outcome.items():
-            asked.trial.set_user_attr(key, json_safe(value))
-        state = _OPTUNA_STATES.get(outcome[m.STATE], optuna.trial.TrialState.FAIL)
-        value = outcome.get(OBJECTIVE) if state == optuna.trial.TrialState.COMPLETE else None
-        self.study.tell(asked.trial, value, state=state)
+        record = tell(self.study, asked.trial, asked.params, outcome)
+        if self.board is not None:
+            self.board.add(measured_columns(record), record.number, "trial/")
 
     def _interrupt_pending(self, reason: str, line: str) -> None:
         """Configurations asked but never run when the search stops early (its time budget,
@@ -321,6 +338,7 @@ def build_tuner(
     ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
     searcher.deadline = deadline
+    searcher.board = Board(out_dir, "search")
     import ray
 
     resources = trial_resources(ray.nodes())

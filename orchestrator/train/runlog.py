@@ -22,10 +22,12 @@ from orchestrator.runfiles import (
     EVENTS_JSONL,
     GRAD_NORMS_CSV,
     PROGRESS_CSV,
+    Board,
     Summary,
     below_searched,
     write_summary,
 )
+from orchestrator.train.progress import StepProgress
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 
@@ -37,6 +39,9 @@ PROGRESS_COLUMNS = (
 )  # fmt: skip
 """``entry_size``: the world size whose tuned entry the step ran (``orchestrator.sizes``);
 ``searched_samples_per_s``: what the search measured for that entry."""
+BOARD_COLUMNS = (m.LOSS, m.SAMPLES_PER_S, m.STEP_TIME_S, m.WORLD_SIZE, m.ACCUMULATION_STEPS,
+                 m.GRAD_NORM, m.LR)  # fmt: skip
+"""A logged step's columns shown in TensorBoard, with the communication share of the step."""
 
 
 class RunRelay(UserCallback):
@@ -184,6 +189,8 @@ class RunLog:
         self._progress = self._csv(PROGRESS_CSV, PROGRESS_COLUMNS)
         self._norms = self._csv(GRAD_NORMS_CSV, ("step", "layer", "norm"))
         self._events = (self.out / EVENTS_JSONL).open("a")
+        self._board = Board(self.out, "train")
+        self._view = StepProgress(self.steps)
 
     def _csv(self, name: str, columns: tuple) -> Any:
         """``name`` opened to append rows of ``columns``; a file an older version wrote with
@@ -280,6 +287,11 @@ class RunLog:
         handle, writer = self._progress
         writer.writerow([self.attempt, *(report.get(c) for c in PROGRESS_COLUMNS[1:])])
         handle.flush()
+        share = comm_fraction(report.get(m.EXPOSED_COMM_S), report.get(m.COMPUTE_S))
+        self._board.add({**{k: report.get(k) for k in BOARD_COLUMNS}, "comm_share": share},
+                        step, "train/")  # fmt: skip
+        self._view.update(step, report.get(m.LOSS), report.get(m.SAMPLES_PER_S),
+                          report.get(m.WORLD_SIZE))  # fmt: skip
         for layer, norm in (report.get(m.LAYER_GRAD_NORMS) or {}).items():
             self._norms[1].writerow([step, layer, norm])
         if step % self.log_every == 0 or step == self.steps or report.get(m.CHECKPOINT_STEP):
@@ -369,6 +381,8 @@ class RunLog:
     def close(self) -> None:
         for handle in (self._progress[0], self._norms[0], self._events):
             handle.close()
+        self._board.close()
+        self._view.close()
 
 
 def _snapshots(took: list[float], held_back: int) -> dict[str, Any] | None:

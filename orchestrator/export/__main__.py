@@ -1,0 +1,5 @@
+import sys
+
+from orchestrator.export.cli import main
+
+sys.exit(main())
