@@ -32,11 +32,14 @@ from orchestrator.inputs import (
     parse_set,
     read_yaml,
 )
-from orchestrator.placement import PACK, PLACEMENTS
 from orchestrator.sizes import check_sizes, check_world_sizes
 from orchestrator.storage_url import check_storage
 
 PRESET_DIR = Path(__file__).parent / "presets"
+PACK, SPREAD = "pack", "spread"
+PLACEMENTS = (PACK, SPREAD)
+"""How a worker group's ranks are placed (``cluster.placement``; ``orchestrator.placement``
+places them)."""
 SAMPLERS = ("staged", "tpe", "random", "grid")
 STRATEGY_MODES = ("ddp", "fsdp", "search")
 USE_GPU_VALUES = ("auto", True, False)

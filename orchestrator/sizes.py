@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.inputs import ConfigError, check_range, check_split, check_tuned
-from orchestrator.placement import PlacementError, layout_for
 from train_fns.sizes import Fitted, Layout, entries_of, fit
 
 ENTRY_KEYS = ("tuned", "env", "samples_per_s", "verdict", "trial")
@@ -223,19 +222,3 @@ def fit_range(
                     f"runs this entry ({why}); remove it, or train over sizes that can run it",
                 )
     return fitted
-
-
-def expected_layout(config: Any, use_gpu: bool, world: int, nodes: list[dict[str, Any]]) -> Layout:
-    """Where ``world`` ranks will sit on ``nodes`` (``ray.nodes()``) under the config's strict
-    placement. On a cluster that grows on demand, where the nodes it will place on are not up
-    yet, the ranks span the nodes alive (those with a GPU), at most one node per rank."""
-    cluster = config.cluster
-    try:
-        layout = layout_for(nodes, None, world, cluster.cpus_per_worker, use_gpu, cluster.placement)
-    except PlacementError:
-        alive = [n for n in nodes if n.get("Alive")]
-        if use_gpu:
-            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-        return Layout(world, max(1, min(len(alive), world)))
-    counts = layout.ranks_per_node(world)
-    return Layout(world, len(counts), len(set(counts)) == 1)

@@ -33,12 +33,13 @@ from orchestrator.search.trial import TrialContext
 from orchestrator.search.tuner import build_tuner
 from orchestrator.session import (
     check_capacity,
+    expected_layout,
     quiet_libraries,
     resolve_gpu,
     start_ray,
     worker_topology,
 )
-from orchestrator.sizes import expected_layout, fit_context
+from orchestrator.sizes import fit_context
 from orchestrator.storage import without_password
 from orchestrator.verdict import Verdict
 from search_spaces import SearchContext, SearchSpace, SpaceError

@@ -21,11 +21,12 @@ from orchestrator.session import (
     alive_nodes,
     check_capacity,
     driver_queue,
+    expected_layout,
     quiet_libraries,
     resolve_gpu,
     start_ray,
 )
-from orchestrator.sizes import expected_layout, fit_context, fit_range, run_entries
+from orchestrator.sizes import fit_context, fit_range, run_entries
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
 from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
