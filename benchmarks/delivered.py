@@ -12,7 +12,8 @@ gain" or "too noisy" verdict is checked against training too. A run's throughput
 samples over its steps' seconds after ``--skip`` (the first steps build buckets and caches):
 what training pays, a slow step included, as in the race's mean windows. It prints each pair,
 the delivered ratio with its 95% interval (Student's t on the pairs' log ratios,
-``orchestrator.paired``) and the verdict's line; a verdict ratio outside the delivered interval
+``orchestrator.verdict.paired``) and the verdict's line; a verdict ratio outside the delivered
+interval
 is a defect to find.
 
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
@@ -33,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from orchestrator.inputs import TUNED_KNOBS
-from orchestrator.paired import PairedRatio, pair_order
+from orchestrator.config.inputs import TUNED_KNOBS
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
-from orchestrator.verdict import Verdict, verdict_from_rows
+from orchestrator.verdict.decide import Verdict, verdict_from_rows
+from orchestrator.verdict.paired import PairedRatio, pair_order
 from search_spaces import is_env_name
 
 ROOT = Path(__file__).resolve().parents[1]

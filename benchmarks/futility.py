@@ -26,8 +26,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from orchestrator.paired import FUTILITY_CONFIDENCE, MIN_PAIRS, PairedRatio
-from orchestrator.verdict import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide
+from orchestrator.verdict.decide import KEEP, NO_GAIN, SLOWER, UNDECIDED, decide
+from orchestrator.verdict.paired import FUTILITY_CONFIDENCE, MIN_PAIRS, PairedRatio
 
 RATIOS = (1.00, 1.02, 1.06, 1.10, 1.15)
 """True ratios to the baseline: none, below δ, just above a 4% δ, clear gains."""

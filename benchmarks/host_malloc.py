@@ -28,7 +28,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from benchmarks.step_noise import MODELS, free_port, run_rank
-from orchestrator.paired import t_quantile
+from orchestrator.verdict.paired import t_quantile
 
 TUNED = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=100000000000"
 """Large blocks from the heap, and freed memory kept for the next step (the documented value)."""

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 from orchestrator.search.finalists import as_text
 from orchestrator.search.race import WINDOW_FIGURE, Entrant, Race
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.verdict.decide import verdict_from_rows
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 

@@ -73,8 +73,8 @@ def in_process(preset: str, pairs: int) -> None:
     the two, so a cost of a fraction of a percent would show."""
     import torch
 
-    from orchestrator.config import load_config
-    from orchestrator.plans import plan_from_config, resolve_task
+    from orchestrator.config.schema import load_config
+    from orchestrator.planning.from_config import plan_from_config, resolve_task
     from train_fns.data import make_batch_source, sample_indices
     from train_fns.hf_workload import hf_workload
     from train_fns.workload import pinned, to_device

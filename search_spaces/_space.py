@@ -205,7 +205,7 @@ class SearchSpace:
         self, params: Mapping[str, Any], given: Collection[str] = ()
     ) -> list[tuple[str, Any, str]]:
         """``(name, value, why)`` for each value of ``params`` this context cannot run: a
-        tuned configuration carried to another world size or layout (``train_fns.sizes``).
+        tuned configuration carried to another world size or layout (``train_fns.size_fit``).
         Env values may be given as NCCL reads them (strings). A default always fits; a param
         outside these spaces is not judged; ``strategy`` and the names ``given`` are the
         caller's to fix (their values are taken as they are)."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from search_spaces import env_strings
 from train_fns.plan import TrialPlan, knob_fields
-from train_fns.sizes import Fitted, Layout, entries_of, fit, gathered_layout
+from train_fns.size_fit import Fitted, Layout, entries_of, fit, gathered_layout
 
 Best = Mapping[str, Any]
 
@@ -40,7 +40,7 @@ def load(path: str | Path) -> dict[str, Any]:
 def fitted(best: Best, world_size: int, num_nodes: int = 1, even: bool | None = None) -> Fitted:
     """The entry of ``best`` for ``world_size`` (its own in ``sizes``, else the nearest; the
     top level is the entry for ``cluster.num_workers``) fitted to ``num_nodes`` nodes: what
-    ``orchestrator.train`` runs at that size (``train_fns.sizes``; ``fitted.line`` says it)."""
+    ``orchestrator.train`` runs at that size (``train_fns.size_fit``; ``fitted.line`` says it)."""
     workload, search = best["workload"], best.get("search") or {}
     cluster = best.get("cluster") or {}
     top = int(cluster.get("num_workers", world_size))

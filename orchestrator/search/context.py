@@ -7,8 +7,8 @@ live search uses the cluster Ray found (``pipeline.search_context``).
 
 from __future__ import annotations
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.session import backend_name
+from orchestrator.cluster.session import backend_name
+from orchestrator.config.schema import Config, ConfigError
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 
 

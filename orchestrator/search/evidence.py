@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
+from orchestrator.cluster.session import resolve_gpu
+from orchestrator.planning.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
 from orchestrator.probe import ProbeSettings, run_probe, write_csv
 from orchestrator.runfiles import PROBE_CSV, RunInfo, read_probe, storage_dir
 from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.trial import derive_plan, measure_plans
-from orchestrator.session import resolve_gpu
 from train_fns import metrics as m
 from train_fns.plan import InfeasiblePlan, with_world_size
 

@@ -6,7 +6,7 @@ finalist (``finalists``, at most ``search.remeasure_top``). Those the baseline's
 can switch to (same environment variables) and hold at once (``fit_together``) race it in
 paired windows (``search.race``); the others run as whole groups interleaved with baseline runs
 (B c1 B c2 B ...), a disturbed run once more (a bounded number of times). Both write
-remeasure.csv, and ``orchestrator.verdict`` judges it.
+remeasure.csv, and ``orchestrator.verdict.decide`` judges it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.paired import comparable_cv, noise_floor, ratios_from_rows, recorded_fraction
 from orchestrator.runfiles import REMEASURE_CSV, read_csv, write_csv
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.verdict import (
+from orchestrator.verdict.decide import (
     GROUP,
     MEASURE_ON_TIMES,
     UNDECIDED,
@@ -30,6 +29,12 @@ from orchestrator.verdict import (
     Verdict,
     disturbances,
     verdict_from_rows,
+)
+from orchestrator.verdict.paired import (
+    comparable_cv,
+    noise_floor,
+    ratios_from_rows,
+    recorded_fraction,
 )
 from train_fns import metrics as m
 

@@ -31,17 +31,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.paired import (
+from orchestrator.search.group_run import GroupRun
+from orchestrator.search.results import TrialRecord
+from orchestrator.search.trial import TrialContext, derive_plan
+from orchestrator.verdict.decide import KEEP, UNDECIDED, WINDOW, decide, measured_on, whole
+from orchestrator.verdict.paired import (
     FUTILITY_CONFIDENCE,
     MIN_PAIRS,
     PairedRatio,
     pair_order,
     ratios_from_rows,
 )
-from orchestrator.search.group_run import GroupRun
-from orchestrator.search.results import TrialRecord
-from orchestrator.search.trial import TrialContext, derive_plan
-from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on, whole
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 

@@ -8,7 +8,7 @@ baseline), with half the trials: it starts from what the sizes before it found b
 it (tried right after its baseline), the staged proposer's memory shapes and the cost model, so
 it needs fewer trials than a search from nothing; its windows (the race's too) are as many
 seconds as the primary's, in fewer of its longer steps (``window_steps``). best.yaml in the
-run folder then holds an entry per size (``sizes``, ``orchestrator.sizes``) that
+run folder then holds an entry per size (``sizes``, ``orchestrator.config.size_entries``) that
 ``orchestrator.train`` switches between as the run resizes.
 """
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, dump_config, load_config
+from orchestrator.config.schema import Config, ConfigError, dump_config, load_config
 from orchestrator.runfiles import BEST_YAML, write_atomic
 
 HEADER = re.compile(r"# commtune best configuration: trial (\d+), ([\d.]+) samples/s")

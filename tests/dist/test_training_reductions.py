@@ -19,7 +19,7 @@ from _tiny import CPU, tiny_plan
 from search_spaces._nccl import NVLS_REDUCTIONS
 from train_fns import metrics as m
 from train_fns import ranks
-from train_fns.elastic import RunSpec
+from train_fns.restart import RunSpec
 from train_fns.loop import run_training
 from train_fns.trainer import ElasticTrainer
 

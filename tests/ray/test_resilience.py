@@ -12,7 +12,7 @@ from _search import FAST, Holds, interrupt_in_second_trial
 from _search import cli as _cli
 
 from orchestrator.search.finalists import write_rows
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.verdict.decide import verdict_from_rows
 
 DEADLINE_S = 15
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from orchestrator import runfiles
-from orchestrator.bounds import BOUNDS
-from orchestrator.config import Config, ConfigError, from_dict, load_config
-from orchestrator.inputs import check_out_dir, parse_set, read_yaml
+from orchestrator.config.bounds import BOUNDS
+from orchestrator.config.inputs import check_out_dir, parse_set, read_yaml
+from orchestrator.config.schema import Config, ConfigError, from_dict, load_config
 from orchestrator.probe import cli as probe
 from orchestrator.report import cli as report
 from orchestrator.search.cli import main

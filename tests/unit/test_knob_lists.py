@@ -1,5 +1,6 @@
 """A plan knob's name lives in three lists: what a space may sample (``search_spaces._env``
-``PLAN_KNOBS``), what ``best.yaml``'s ``tuned`` may hold (``orchestrator.inputs`` ``TUNED_KNOBS``)
+``PLAN_KNOBS``), what ``best.yaml``'s ``tuned`` may hold (``orchestrator.config.inputs``
+``TUNED_KNOBS``)
 and the fields a worker runs (``train_fns.plan``: ``DDPOptions``, ``FSDPOptions`` and a few of
 ``TrialPlan``'s own). Nothing else keeps them in step, so this does: a knob added to one list
 and not the others fails here, naming it (docs/recipes.md, "Add a plan knob")."""
@@ -10,9 +11,9 @@ import dataclasses
 
 import pytest
 
-from orchestrator.config import Config, WorkloadConfig
-from orchestrator.inputs import TUNED_KNOBS
-from orchestrator.plans import plan_from_config
+from orchestrator.config.inputs import TUNED_KNOBS
+from orchestrator.config.schema import Config, WorkloadConfig
+from orchestrator.planning.from_config import plan_from_config
 from search_spaces import PLAN_KNOBS
 from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES, knob_defaults
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
@@ -75,7 +76,7 @@ def test_the_three_knob_lists_agree() -> None:
     spaces, tuned, plan = set(PLAN_KNOBS), set(TUNED_KNOBS), plan_knob_fields()
     drift = {
         "missing from search_spaces._env PLAN_KNOBS": (tuned | plan) - spaces,
-        "missing from orchestrator.inputs TUNED_KNOBS": (spaces | plan) - tuned,
+        "missing from orchestrator.config.inputs TUNED_KNOBS": (spaces | plan) - tuned,
         "missing from train_fns.plan (a field, or a new TrialPlan field not in NOT_KNOBS)": (
             (spaces | tuned) - plan
         ),

@@ -11,11 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order, ratios_from_rows, t_quantile
 from orchestrator.search import race as race_mod
 from orchestrator.search.finalists import as_text
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import (
+from orchestrator.verdict.decide import (
     KEEP,
     NO_GAIN,
     SLOWER,
@@ -23,6 +22,13 @@ from orchestrator.verdict import (
     decide,
     measured_on,
     verdict_from_rows,
+)
+from orchestrator.verdict.paired import (
+    MIN_PAIRS,
+    PairedRatio,
+    pair_order,
+    ratios_from_rows,
+    t_quantile,
 )
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
@@ -569,7 +575,7 @@ def test_the_looks_counted_are_those_that_paired() -> None:
 def test_the_noise_floor_keeps_lucky_agreement_from_deciding() -> None:
     """Four pairs that happen to agree within 2% on a machine whose windows scatter by 8%
     (the search measured it): without the floor a false keep, with it undecided."""
-    from orchestrator.paired import noise_floor
+    from orchestrator.verdict.paired import noise_floor
 
     lucky = (1.05, 1.07, 1.06, 1.08)
     assert decide(PairedRatio(lucky).low, PairedRatio(lucky).high, 0.02) == KEEP
@@ -585,7 +591,7 @@ def test_a_cv_from_fewer_or_more_windows_reads_as_three_would(windows: int) -> N
     """Searches of 2, 4 or 6 windows a trial at the same noise (windows of cv 5%, normal)
     give, in the median over many trials, the floor a search of three windows gives, within
     3%: uncorrected, two windows' would be 30% lower (a floor too low lets lucky pairs keep)."""
-    from orchestrator.paired import comparable_cv, noise_floor
+    from orchestrator.verdict.paired import comparable_cv, noise_floor
 
     rng = random.Random(windows)
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.search import finalists as fin
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import (
+from orchestrator.verdict.decide import (
     Comparison,
     Measure,
     Run,
@@ -165,7 +165,7 @@ def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: P
 
 
 def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -> None:
-    from orchestrator.config import Config
+    from orchestrator.config.schema import Config
     from orchestrator.search.results import write_outputs
     from search_spaces import SearchContext, SearchSpace, load_spaces
 

@@ -367,7 +367,7 @@ def _hf_positions(workload: Any) -> int | None:
 
     try:
         return max_positions(resolve_model_config(workload.model, workload.model_overrides))
-    except Exception:  # an override transformers refuses: orchestrator.overrides names its key
+    except Exception:  # an override transformers refuses: config.model_overrides names its key
         pass
     try:
         return max_positions(resolve_model_config(workload.model, {}))

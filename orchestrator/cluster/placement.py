@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.config import PACK, SPREAD
+from orchestrator.config.schema import PACK, SPREAD
 
 NODE_LABEL = "ray.io/node-id"
 HEAD_RESOURCE = "node:__internal_head__"

@@ -11,11 +11,11 @@ import math
 import os
 from typing import Any
 
-from orchestrator.address import check_reachable
-from orchestrator.config import ClusterConfig, Config, ConfigError
-from orchestrator.placement import TRIAL_CPU, PlacementError, layout_for
+from orchestrator.cluster.placement import TRIAL_CPU, PlacementError, layout_for
+from orchestrator.config.address import check_reachable
+from orchestrator.config.schema import ClusterConfig, Config, ConfigError
 from orchestrator.runfiles import topology
-from train_fns.sizes import Layout
+from train_fns.size_fit import Layout
 
 
 def backend_name(use_gpu: bool) -> str:

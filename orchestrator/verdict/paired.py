@@ -9,7 +9,8 @@ each adjacent pair: drift that is slow next to a window cancels. The pairs' orde
 A pair's ratio is treated as a sample: their geometric mean is the finalist's ratio, and the
 interval is Student's t on the log ratios (exact for normal noise, whatever the noise's size:
 nothing is assumed about the machine). The sequential rule that uses it (``decide`` in
-``orchestrator.verdict``) looks after every pair; the A/A benchmark (``benchmarks/aa_verdict.py``)
+``orchestrator.verdict.decide``) looks after every pair; the A/A benchmark
+(``benchmarks/aa_verdict.py``)
 measures how often that claims a gain where there is none.
 """
 

@@ -4,7 +4,7 @@ from measurements taken side by side with the baseline's?
 A search compares trials measured minutes apart on a machine whose speed drifts; the final
 claim compares each finalist with baseline measurements right beside it, paired one of two ways:
 
-- **window** pairing (``orchestrator.paired``, ``search.race``): where the finalist differs
+- **window** pairing (``orchestrator.verdict.paired``, ``search.race``): where the finalist differs
   from the baseline only in what a warm worker group can switch, both stay built in the same
   processes and alternate window by window until the paired ratio's interval decides;
 - **group** pairing: where the switch needs new processes (NCCL variables), the runs are whole
@@ -29,7 +29,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import (
+from orchestrator.runfiles import BEST_YAML
+from orchestrator.verdict.paired import (
     FUTILITY_CONFIDENCE,
     MIN_PAIRS,
     PairedRatio,
@@ -37,7 +38,6 @@ from orchestrator.paired import (
     recorded_fraction,
     recorded_positive,
 )
-from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
 """The default noise threshold δ: a gain under 2% is not worth a configuration change, and a
