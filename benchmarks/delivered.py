@@ -34,11 +34,11 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config.inputs import TUNED_KNOBS
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
 from orchestrator.verdict.decide import Verdict, verdict_from_rows
 from orchestrator.verdict.paired import PairedRatio, pair_order
 from search_spaces import is_env_name
+from search_spaces.knobs import PLAN_KNOBS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def searched(row: dict[str, str]) -> dict[str, str]:
     """A trials.csv row's searched cells as written, those the trial set: its knobs and its
     variables (not its figures or its reason)."""
     return {k: v for k, v in row.items() if isinstance(k, str) and isinstance(v, str)
-            and v != "" and (k in TUNED_KNOBS or is_env_name(k))}  # fmt: skip
+            and v != "" and (k in PLAN_KNOBS or is_env_name(k))}  # fmt: skip
 
 
 def started_from(best: dict[str, Any], kept: dict[str, str], base: dict[str, str]) -> dict:
@@ -67,7 +67,7 @@ def trial_config(start: dict[str, Any], row: dict[str, str], base: dict[str, str
     config it started from (``started_from``) with the trial's strategy and knobs, and the
     variables it set away from the baseline's (``base``, trial 0's row) as strings."""
     mine, theirs = searched(row), searched(base)
-    knobs = {k: yaml.safe_load(v) for k, v in mine.items() if k in TUNED_KNOBS}
+    knobs = {k: yaml.safe_load(v) for k, v in mine.items() if k in PLAN_KNOBS}
     strategy = knobs.pop("strategy", start["strategy"])
     env = {**(start.get("env") or {}),
            **{k: v for k, v in mine.items() if is_env_name(k) and v != theirs.get(k)}}
