@@ -62,6 +62,7 @@ from ._env import (
     is_env_name,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
+from ._nccl import unreducible
 from ._space import SearchSpace
 from ._spec import SearchContext, SpaceSpec
 from .knobs import PLAN_KNOBS, lossy_knobs
@@ -82,4 +83,5 @@ __all__ = [
     "load_spaces",
     "lossy_knobs",
     "shipped_space_names",
+    "unreducible",
 ]

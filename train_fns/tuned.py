@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from search_spaces import env_strings
+from search_spaces.guarded_yaml import load_yaml, read_capped
 from train_fns.plan import TrialPlan, knob_fields
 from train_fns.size_fit import Fitted, Layout, entries_of, fit, gathered_layout
 
@@ -30,8 +30,9 @@ Best = Mapping[str, Any]
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """A best.yaml (or any complete commtune config) as a mapping."""
-    data = yaml.safe_load(Path(path).expanduser().read_text())
+    """A best.yaml (or any complete commtune config) as a mapping, read as every file a user
+    hands commtune is: capped and guarded (``search_spaces.guarded_yaml``)."""
+    data = load_yaml(read_capped(Path(path).expanduser()))
     if not isinstance(data, dict) or "workload" not in data:
         raise ValueError(f"{path}: not a commtune config (no workload section)")
     return data

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from orchestrator.runfiles import REPORT_HTML, WRITTEN_FILES
-from search_spaces._yaml import load_yaml, read_capped
+from search_spaces.guarded_yaml import load_yaml, read_capped
 from search_spaces.knobs import BOOL, BY_NAME, CHOICE, LOSSY_VALUES, RESHARD
 
 

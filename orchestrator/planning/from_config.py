@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.config.model_overrides import check_model_overrides
 from orchestrator.config.schema import Config, ConfigError
-from search_spaces._nccl import unreducible
+from search_spaces import unreducible
 from train_fns.plan import (
     InfeasiblePlan,
     TrialPlan,

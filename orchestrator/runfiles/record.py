@@ -35,7 +35,7 @@ from orchestrator.runfiles.files import (
 from orchestrator.runfiles.info import RunInfo
 from orchestrator.runfiles.kinds import wrong_kinds
 from orchestrator.runfiles.summary import Summary
-from search_spaces._yaml import read_capped
+from search_spaces.guarded_yaml import read_capped
 
 log = logging.getLogger("commtune")
 
