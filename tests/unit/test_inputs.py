@@ -20,7 +20,7 @@ from orchestrator.probe import cli as probe
 from orchestrator.report import cli as report
 from orchestrator.search.cli import main
 from orchestrator.train import cli as train
-from search_spaces._yaml import MAX_DEPTH, load_yaml, read_capped
+from search_spaces.guarded_yaml import MAX_DEPTH, load_yaml, read_capped
 from train_fns.model_presets import MODEL_PRESETS, declared_positions
 
 ROOT = Path(__file__).resolve().parents[2]
