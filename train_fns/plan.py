@@ -45,6 +45,19 @@ def split_global_batch(global_batch: int, world_size: int, accumulation_steps: i
     return global_batch // per_step
 
 
+def window_lengths(measure_steps: int, num_windows: int) -> list[int]:
+    """Each measured window's steps: ``measure_steps`` split into ``num_windows`` windows that
+    differ by at most one step when it does not divide evenly (the longer ones first)."""
+    base, extra = divmod(measure_steps, num_windows)
+    return [base + (1 if window < extra else 0) for window in range(num_windows)]
+
+
+def steps_per_window(measure_steps: int, num_windows: int) -> int:
+    """The steps of one window as the driver plans with them: the shortest window's (every
+    window has at least these), at least one."""
+    return max(1, window_lengths(measure_steps, num_windows)[-1])
+
+
 def resplit(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int] | None:
     """``(accumulation_steps, micro_batch)`` for a new world size, global batch unchanged.
 

@@ -43,7 +43,7 @@ from orchestrator.verdict.paired import (
     ratios_from_rows,
 )
 from train_fns import metrics as m
-from train_fns.plan import TrialPlan
+from train_fns.plan import TrialPlan, steps_per_window
 
 SWITCH_STEPS = 0
 """Unmeasured steps before every window (each follows another configuration's window): none,
@@ -129,7 +129,8 @@ class Race:
         search = ctx.config.search
         self.ctx, self.say = ctx, say
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
-        self.steps = max(1, max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS)
+        window = steps_per_window(search.measure_steps, search.windows)
+        self.steps = max(1, window + 1 - SWITCH_STEPS)
         """A window's measured steps: a visit is the search's window and one step more, the
         switch step counted in it unless ``SWITCH_STEPS`` leaves it out."""
         self.base = self._entrant(baseline, BASELINE)

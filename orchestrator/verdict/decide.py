@@ -37,6 +37,7 @@ from orchestrator.verdict.paired import (
     ratios_from_rows,
     recorded_fraction,
     recorded_positive,
+    scaled_mad,
 )
 
 DELTA = 0.02
@@ -62,8 +63,6 @@ OUTLIER_SPREADS = 3.0
 OUTLIER_SPREAD_FLOOR = 0.01
 """The least relative spread the outlier test assumes (identical runs would make any
 difference an outlier)."""
-MAD_SCALE = 1.4826
-"""MAD x this estimates the standard deviation of normal noise."""
 HELPS = (
     "more pairs (search.verdict_pairs), a quieter machine, fewer finalists "
     "(search.remeasure_top), or a larger noise threshold (search.verdict_delta)"
@@ -266,7 +265,7 @@ def robust_spread(values: list[float]) -> float:
     med = statistics.median(values)
     if len(values) == 2:
         return abs(values[0] - values[1]) / math.sqrt(2) / med
-    return MAD_SCALE * statistics.median(abs(v - med) for v in values) / med
+    return scaled_mad(values) / med
 
 
 def disturbances(runs: list[Run]) -> list[list[str]]:

@@ -84,6 +84,14 @@ windows), and the reference is the search's figure, not the race's fastest windo
 fast by a glitch would cast out every other)."""
 
 
+def scaled_mad(values: list[float]) -> float:
+    """The median absolute deviation from the median, times ``MAD_SCALE``: a spread in the
+    values' own units that one outlier cannot blow up (the standard deviation, for normal
+    noise). The disturbance test and the verdict's outlier test both read it."""
+    middle = statistics.median(values)
+    return MAD_SCALE * statistics.median(abs(v - middle) for v in values)
+
+
 @dataclass(frozen=True)
 class PairedRatio:
     """The ratios of a finalist's windows to their paired baseline windows, and what they say:
@@ -113,7 +121,7 @@ class PairedRatio:
             return tuple(sorted(slow))
         logs = [math.log(r) for r in self.ratios]
         middle = statistics.median(logs)
-        mad = MAD_SCALE * statistics.median(abs(x - middle) for x in logs)
+        mad = scaled_mad(logs)
         limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR, self.floor)
         return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit or k in slow)
 

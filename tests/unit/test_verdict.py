@@ -21,6 +21,7 @@ from orchestrator.verdict.decide import (
     runs_from_rows,
     verdict_from_rows,
 )
+from orchestrator.verdict.paired import MAD_SCALE, scaled_mad
 from train_fns import metrics as m
 
 # README's default run with a neighbour busy for a minute (issue 18), as remeasure.csv held it:
@@ -205,3 +206,10 @@ def test_a_run_placed_otherwise_than_the_baseline_is_not_compared() -> None:
     assert judge(runs, 3).chosen is None
     rows[1]["placement"] = "node0:8"
     assert runs_from_rows(rows)[0][1].samples_per_s == 150.0
+
+
+def test_the_scaled_mad_ignores_one_outlier() -> None:
+    """The spread both outlier tests read (the verdict's runs, the race's pairs): the median
+    deviation from the median, scaled to a normal standard deviation."""
+    assert scaled_mad([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(MAD_SCALE)
+    assert scaled_mad([5.0, 5.0, 5.0]) == 0.0
