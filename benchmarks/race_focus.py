@@ -28,7 +28,7 @@ import math
 import random
 from types import SimpleNamespace
 
-from orchestrator.search.finalists import as_text
+from orchestrator.runfiles.remeasure import as_text
 from orchestrator.search.race import WINDOW_FIGURE, Entrant, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict.decide import verdict_from_rows

@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator.runfiles import BEST_YAML
+from orchestrator.runfiles.remeasure import BASELINE, GROUP, WINDOW, Remeasured, Rows, read_rows
 from orchestrator.verdict.paired import (
     FUTILITY_CONFIDENCE,
     MIN_PAIRS,
@@ -49,7 +50,6 @@ SIGNIFICANCE = 2.0
 FUTILITY_SPREADS = statistics.NormalDist().inv_cdf(FUTILITY_CONFIDENCE)
 """Group pairing: the futility bound is this many spreads above the ratio (one-sided)."""
 KEEP, NO_GAIN, SLOWER, UNDECIDED = "keep", "no gain", "slower", "undecided"
-WINDOW, GROUP = "window", "group"
 PAIRINGS = {
     WINDOW: "paired windows in the same processes",
     GROUP: "paired runs in separate worker groups",
@@ -363,15 +363,16 @@ def window_comparison(
                       bound=paired.bound if decides else math.inf)  # fmt: skip
 
 
-def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) -> Verdict:
+def verdict_from_rows(rows: Rows, default_delta: float = DELTA) -> Verdict:
     """remeasure.csv's verdict: its window-paired finalists and its group-paired runs judged
     together, against the δ the file records (``default_delta`` where it records none)."""
-    delta = recorded_fraction(rows, "delta", default_delta)
-    group_rows = [r for r in rows if r.get("pairing", GROUP) in ("", GROUP)]
+    rows = read_rows(rows)
+    delta = recorded_fraction((r.delta for r in rows), default_delta)
+    group_rows = [r for r in rows if r.pairing in (None, GROUP)]
     runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
     grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
-    found, floor = ratios_from_rows(rows), recorded_fraction(rows, "floor", 0.0)
-    reference = recorded_positive(rows, "reference")
+    found, floor = ratios_from_rows(rows), recorded_fraction((r.floor for r in rows), 0.0)
+    reference = recorded_positive(r.reference for r in rows)
     paired = [window_comparison(n, r, b, delta, floor, reference) for n, (r, b) in found.items()]
     if not paired:
         return grouped
@@ -382,64 +383,44 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     return Verdict(ranked, spread, grouped.disturbed, delta, measured_on(rows))
 
 
-def measured_on(rows: list[dict[str, str]]) -> int:
+def measured_on(rows: Rows) -> int:
     """Times the window race in remeasure.csv's ``rows`` was measured on: the highest ``race``
     of a pair's window (a measuring on that ended before a pair took no look; a blank or
     hand-edited value counts as 0). A file written before the column counts its worker groups
     after the first (``attempt``): a measuring on took one each, a hang took one too, so the
     count errs towards fewer looks, never more."""
-    paired = [r for r in rows if r.get("pairing") == WINDOW and (r.get("pair") or "").strip()]
-    column = "race" if any("race" in r for r in rows) else "attempt"
-    return max((max(whole(r.get(column)), 0) for r in paired), default=0)
+    paired = [r for r in read_rows(rows) if r.pairing == WINDOW and r.pair is not None]
+    column = "race" if any(r.race is not None for r in paired) else "attempt"
+    return max((max(getattr(r, column) or 0, 0) for r in paired), default=0)
 
 
-def whole(value: str | None) -> int:
-    """A remeasure.csv position, pair, attempt or race as a whole number (-1: none, or not one:
-    a hand-edited word, or more digits than ``int`` converts)."""
-    try:
-        return int(value or -1)
-    except ValueError:
-        return -1
-
-
-def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
+def runs_from_rows(rows: Rows) -> tuple[list[Run], int]:
     """remeasure.csv (one row per measurement: position, repeat) back into runs, and the
     number of windows per run (1 when the file does not say)."""
-
-    def num(value: str | None) -> float | None:
-        """A finite number, or None (a hand-edited nan, inf or word is no figure)."""
-        try:
-            found = float(value) if value not in (None, "") else None
-        except ValueError:
-            return None
-        return found if found is not None and math.isfinite(found) else None
-
-    by_pos: dict[int, list[dict[str, str]]] = {}
+    rows = read_rows(rows)
+    by_pos: dict[int, list[Remeasured]] = {}
     for row in rows:
-        by_pos.setdefault(int(num(row.get("position")) or 0), []).append(row)
-    runs = []
+        by_pos.setdefault(row.position or 0, []).append(row)
     # The first baseline run's placement: a measurement whose ranks sat otherwise does not compare.
-    first_run = min(rows, key=lambda r: (num(r.get("position")) or 0, num(r.get("repeat")) or 0),
-                    default={})  # fmt: skip
-    placement = first_run.get("placement") or ""
+    first_run = min(rows, key=lambda r: (r.position or 0, r.repeat or 0), default=Remeasured())
+    placement = first_run.placement or ""
+    runs = []
     for pos in sorted(by_pos):
-        found = sorted(by_pos[pos], key=lambda r: num(r.get("repeat")) or 0)
+        found = sorted(by_pos[pos], key=lambda r: r.repeat or 0)
         ms = [
             Measure(
-                num(r.get("samples_per_s"))
-                if r.get("state") == "complete" and (r.get("placement") or placement) == placement
-                and (num(r.get("samples_per_s")) or 0) > 0
+                r.samples_per_s
+                if r.state == "complete" and (r.placement or placement) == placement
+                and (r.samples_per_s or 0) > 0
                 else None,
-                max(0.0, num(r.get("throughput_cv")) or 0.0),
+                max(0.0, r.throughput_cv or 0.0),
             )
             for r in found
         ]
         first = found[0]
         runs.append(
-            Run(
-                int(num(first.get("trial")) or 0), first.get("role") == "baseline",
-                ms[0].samples_per_s, ms[0].cv, tuple(ms[1:]),
-            )
+            Run(first.trial or 0, first.role == BASELINE, ms[0].samples_per_s, ms[0].cv,
+                tuple(ms[1:]))
         )  # fmt: skip
-    windows = max((max(1, int(num(r.get("windows")) or 1)) for r in rows), default=1)
+    windows = max((max(1, r.windows or 1) for r in rows), default=1)
     return runs, windows

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.runfiles.remeasure import as_text, write_remeasure
 from orchestrator.search import race as race_mod
-from orchestrator.search.finalists import as_text
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict.decide import (
     KEEP,
@@ -217,7 +217,7 @@ def test_the_race_drops_the_slower_and_keeps_racing_the_undecided() -> None:
     assert by[6].out.startswith("slower") and by[6].paired.pairs == 3
     assert by[5].out is None and by[7].out is None  # both kept racing: neither below the other
     rows = driven.race.rows
-    assert {r["pairing"] for r in rows} == {"window"} and len(rows) == 4 + 3 * 3 * 2
+    assert {r.pairing for r in rows} == {"window"} and len(rows) == 4 + 3 * 3 * 2
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -375,7 +375,7 @@ def test_measuring_on_starts_from_the_pairs_on_record(seed: int) -> None:
     assert 4 < entrant.measured <= 8 and groups[0][:2] == ["baseline", "trial5"]
     first_round = [s for s in race.slots if s.pair is not None][:2]
     assert [s.pair for s in first_round] == [4, 4] and first_round[0].who is race.base
-    assert [r["position"] for r in race.rows][0] == len(rows)
+    assert [r.position for r in race.rows][0] == len(rows)
     after = verdict_from_rows(rows + as_text(race.rows))
     (comp,) = after.comparisons
     assert comp.pairs == entrant.paired.pairs and comp.low == pytest.approx(entrant.paired.low)
@@ -415,7 +415,7 @@ def _measure_on(tmp_path, rows: list[dict[str, str]], delta: float = 0.02):  # n
     """``finalists.measure_on`` over ``rows`` as remeasure.csv, its groups ``_Steady``."""
     from orchestrator.search import finalists as fin
 
-    fin.write_rows(tmp_path / "remeasure.csv", rows)
+    write_remeasure(tmp_path / "remeasure.csv", rows)
     plan = TrialPlan(model="x", task=None, seq_len=8, global_batch=4, world_size=2,
                      accumulation_steps=1, micro_batch=2)  # fmt: skip
     search = SimpleNamespace(verdict_delta=delta, verdict_pairs=4, measure_steps=9, windows=3)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.runfiles.remeasure import write_remeasure
 from orchestrator.search import finalists as fin
 from orchestrator.search.results import TrialRecord
 from orchestrator.verdict.decide import (
@@ -153,7 +154,7 @@ def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: P
     finally:
         mp.undo()
     assert len(calls) == 3 and calls[1] == [{"t": 0}] and calls[2] == [{"t": 0}]
-    fin.write_rows(tmp_path / "remeasure.csv", made)
+    write_remeasure(tmp_path / "remeasure.csv", made)
     rows = list(csv.DictReader((tmp_path / "remeasure.csv").open()))
     assert [(r["position"], r["repeat"]) for r in rows][-3:] == [("6", "0"), ("6", "1"), ("6", "2")]
     assert [bool(r["disturbed"]) for r in rows[-3:]] == [True, True, False]
