@@ -12,7 +12,8 @@ gain" or "too noisy" verdict is checked against training too. A run's throughput
 samples over its steps' seconds after ``--skip`` (the first steps build buckets and caches):
 what training pays, a slow step included, as in the race's mean windows. It prints each pair,
 the delivered ratio with its 95% interval (Student's t on the pairs' log ratios,
-``orchestrator.paired``) and the verdict's line; a verdict ratio outside the delivered interval
+``orchestrator.verdict.paired``) and the verdict's line; a verdict ratio outside the delivered
+interval
 is a defect to find.
 
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
@@ -33,20 +34,22 @@ import yaml
 
 from benchmarks._commands import QUICK_SEARCH, run_module
 from benchmarks._record import add_results_option, recording
-from orchestrator.inputs import TUNED_KNOBS
-from orchestrator.paired import PairedRatio, pair_order
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
 from orchestrator.train.runlog import wall_samples_per_s
-from orchestrator.verdict import Verdict, verdict_from_rows
+from orchestrator.verdict.decide import Verdict, verdict_from_rows
+from orchestrator.verdict.paired import PairedRatio, pair_order
 from search_spaces import is_env_name
+from search_spaces.knobs import PLAN_KNOBS
 from train_fns.metrics import SAMPLES_PER_S, STEP_TIME_S, WALL_TIME
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def searched(row: dict[str, str]) -> dict[str, str]:
     """A trials.csv row's searched cells as written, those the trial set: its knobs and its
     variables (not its figures or its reason)."""
     return {k: v for k, v in row.items() if isinstance(k, str) and isinstance(v, str)
-            and v != "" and (k in TUNED_KNOBS or is_env_name(k))}  # fmt: skip
+            and v != "" and (k in PLAN_KNOBS or is_env_name(k))}  # fmt: skip
 
 
 def started_from(best: dict[str, Any], kept: dict[str, str], base: dict[str, str]) -> dict:
@@ -66,7 +69,7 @@ def trial_config(start: dict[str, Any], row: dict[str, str], base: dict[str, str
     config it started from (``started_from``) with the trial's strategy and knobs, and the
     variables it set away from the baseline's (``base``, trial 0's row) as strings."""
     mine, theirs = searched(row), searched(base)
-    knobs = {k: yaml.safe_load(v) for k, v in mine.items() if k in TUNED_KNOBS}
+    knobs = {k: yaml.safe_load(v) for k, v in mine.items() if k in PLAN_KNOBS}
     strategy = knobs.pop("strategy", start["strategy"])
     env = {**(start.get("env") or {}),
            **{k: v for k, v in mine.items() if is_env_name(k) and v != theirs.get(k)}}

@@ -117,7 +117,7 @@ def worker(settings_path: str, out: str, rounds: int, warmup: int, measure: int)
 
 def measure(run: Path, rounds: int, warmup: int, steps: int) -> dict[str, list[float]]:
     """The alternated runs in one torchrun launch; each arm's samples/s in run order."""
-    from orchestrator.config import load_config
+    from orchestrator.config.schema import load_config
     from orchestrator.export.entry import best_path
 
     config = load_config(str(best_path(run)))

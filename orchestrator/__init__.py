@@ -13,6 +13,6 @@ Each command runs as ``python -m orchestrator.<command>``:
 From Python, users touch few names: ``load_config`` / ``Config`` to build a configuration.
 """
 
-from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.config.schema import Config, ConfigError, load_config
 
 __all__ = ["Config", "ConfigError", "load_config"]

@@ -55,18 +55,18 @@ names too (``log2(NCCL_BUFFSIZE)``), which :meth:`SearchSpace.env_vars` and
 from ._domain import Param
 from ._env import (
     ENV_ALLOW_PREFIXES,
-    PLAN_KNOBS,
     SpaceError,
     check_env,
     check_env_var,
     check_nccl_version,
     env_strings,
     is_env_name,
-    lossy_knobs,
 )
 from ._load import load_space_file, load_spaces, shipped_space_names
+from ._nccl import unreducible
 from ._space import SearchSpace
 from ._spec import SearchContext, SpaceSpec
+from .knobs import PLAN_KNOBS, lossy_knobs
 
 __all__ = [
     "ENV_ALLOW_PREFIXES",
@@ -85,4 +85,5 @@ __all__ = [
     "load_spaces",
     "lossy_knobs",
     "shipped_space_names",
+    "unreducible",
 ]

@@ -15,8 +15,6 @@ from typing import Any
 
 from ._env import (
     ENV_ALLOW_PREFIXES,
-    KNOB_CHOICES,
-    PLAN_KNOBS,
     SpaceError,
     check_env_var,
     env_str,
@@ -24,6 +22,7 @@ from ._env import (
     unsafe_reason,
 )
 from ._expr import Condition, parse_condition
+from .knobs import BOOL, BY_NAME, CHOICE, PLAN_KNOBS, RANGE, RESHARD, shown
 
 TYPES = ("categorical", "int", "pow2", "bool", "divisor")
 _COMMON_KEYS = {"type", "default", "when", "why_inactive", "doc"}
@@ -281,36 +280,36 @@ def _parse_same_as(name: str, raw: Mapping[str, Any], key: str, earlier: Sequenc
 
 
 def _check_knob(param: Param) -> None:
-    """Plan knobs become typed TrialPlan fields, so their domains are restricted."""
-    name, kind = param.name, param.kind
-    if name == "strategy" and (kind != "categorical" or not set(param.choices) <= {"ddp", "fsdp"}):
-        raise SpaceError(param.key, "strategy must be categorical with choices from [ddp, fsdp]")
+    """Plan knobs become typed TrialPlan fields, so their domains are restricted to what the
+    registry (``search_spaces.knobs``) says each takes."""
+    name, kind, knob = param.name, param.kind, BY_NAME.get(param.name)
+    if knob is None:
+        return
     if name == "accumulation_steps" and kind != "divisor":
         raise SpaceError(
             f"{param.key}.type",
             "use {type: divisor, of: per_worker_batch}: other values break the fixed global batch",
         )
-    if name == "bucket_cap_mb":
-        values = [param.low, param.high] if kind == "int" else [None]
-        values = param.values() if kind in ("categorical", "pow2") else values
-        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 for v in values):
-            raise SpaceError(param.key, "bucket_cap_mb values must be positive numbers (MB)")
-    if name in KNOB_CHOICES:
-        allowed = KNOB_CHOICES[name]
+    if knob.takes == CHOICE:
+        allowed = knob.values
         if kind != "categorical" or not all(
             any(same_value(v, a) for a in allowed) for v in param.values()
         ):
-            shown = ", ".join("null" if a is None else str(a) for a in allowed)
-            raise SpaceError(param.key, f"{name} must be categorical with choices from [{shown}]")
-    elif name == "reshard_after_forward":
+            raise SpaceError(
+                param.key, f"{name} must be categorical with choices from [{shown(allowed)}]"
+            )
+    elif knob.takes == RANGE and kind != "divisor":
+        values = [param.low, param.high] if kind == "int" else [None]
+        values = param.values() if kind in ("categorical", "pow2") else values
+        low, high = knob.values
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not low <= v <= high
+               for v in values):  # fmt: skip
+            raise SpaceError(param.key, f"{name} values must be numbers from {low:g} to {high:g}")
+    elif knob.takes == RESHARD:
         values = param.values() if kind in ("categorical", "bool") else [None]
         if any(not isinstance(v, bool) and not (isinstance(v, int) and v > 1) for v in values):
-            raise SpaceError(
-                param.key, "reshard_after_forward choices are true, false or ranks (an int > 1)"
-            )
-    elif name in PLAN_KNOBS - {"strategy", "accumulation_steps", "bucket_cap_mb"} and (
-        kind != "bool"
-    ):
+            raise SpaceError(param.key, f"{name} choices are true, false or ranks (an int > 1)")
+    elif knob.takes == BOOL and kind != "bool":
         raise SpaceError(f"{param.key}.type", f"{name} is a flag; use type: bool")
 
 

@@ -10,7 +10,6 @@ read, for one).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -55,43 +54,6 @@ DOOR_NAMES = {
     "NCCL_RAS_ADDR": "opens NCCL's RAS listening socket on an address",
     "RDMAV_DRIVERS": "lists verbs provider libraries (paths allowed) for every worker to load",
 }
-
-PLAN_KNOBS = frozenset(
-    {
-        "strategy",
-        "accumulation_steps",
-        "bucket_cap_mb",
-        "gradient_as_bucket_view",
-        "static_graph",
-        "broadcast_buffers",
-        "find_unused_parameters",
-        "comm_hook",
-        "reshard_after_forward",
-        "reduce_dtype",
-        "forward_prefetch",
-        "backward_prefetch",
-        "hsdp",
-        "activation_checkpointing",
-        "adamw_impl",
-    }
-)
-"""Params that become ``TrialPlan`` fields rather than environment variables."""
-KNOB_CHOICES: dict[str, tuple[Any, ...]] = {
-    "comm_hook": (None, "bf16", "fp16"),
-    "reduce_dtype": ("fp32", "bf16", "fp16"),
-    "adamw_impl": (None, "foreach", "fused"),
-    "forward_prefetch": tuple(range(9)),
-    "backward_prefetch": tuple(range(9)),
-}
-"""Plan knobs with a fixed set of values (train_fns.plan checks the same): a space may offer
-some of them, ``tuned`` may hold one."""
-LOSSY_VALUES = {"comm_hook": ("bf16", "fp16"), "reduce_dtype": ("bf16", "fp16")}
-"""Knob values that change the maths: offered and accepted only with search.lossy."""
-
-
-def lossy_knobs(params: Mapping[str, Any]) -> list[str]:
-    """The lossy knob values among a trial's params (``comm_hook=fp16``), for its reports."""
-    return [f"{k}={params[k]}" for k, values in LOSSY_VALUES.items() if params.get(k) in values]
 
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 MAX_SOCKET_PRODUCT = 64
@@ -286,21 +248,3 @@ def _check_counts(env: Mapping[str, str]) -> None:
                 f"{low_name}={low} exceeds {high_name}={high}; "
                 "set them equal to force a channel count",
             )
-
-
-def knob_defaults() -> dict[str, Any]:
-    """Each plan knob's value when no loaded space samples it (TrialPlan's defaults).
-
-    A condition may test a knob whose space is not loaded (``static_graph`` tests
-    ``accumulation_steps``); it then sees the value every trial will really use.
-    """
-    from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
-
-    fields = TrialPlan.__dataclass_fields__
-    return {
-        "accumulation_steps": 1,
-        "activation_checkpointing": fields["activation_checkpointing"].default,
-        "adamw_impl": fields["adamw_impl"].default,
-        **dataclasses.asdict(DDPOptions()),
-        **dataclasses.asdict(FSDPOptions()),
-    }

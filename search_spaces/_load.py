@@ -20,7 +20,7 @@ from ._spec import (
     check_feasible,
     check_socket_rule,
 )
-from ._yaml import load_yaml, read_capped
+from .guarded_yaml import load_yaml, read_capped
 
 SHIPPED_DIR = Path(__file__).parent
 _TOP_KEYS = {"name", "description", "when", "why_inactive", "params", "constraints"}

@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
+if TYPE_CHECKING:  # optuna is imported where a trial is rebuilt: the worker side reads
+    import optuna  # the knob registry through this package and stays light
 
 from ._domain import MAX_ENUMERATED, Param, same_value
-from ._env import PLAN_KNOBS, SpaceError, check_env, env_str, knob_defaults, unsafe_reason
+from ._env import SpaceError, check_env, env_str, unsafe_reason
 from ._expr import Condition, Constraint
 from ._load import check_unique_params
 from ._nccl import FUNCS, nvls_only, prefix_refusal
@@ -29,6 +30,7 @@ from ._spec import (
     check_socket_rule,
     feasible_run,
 )
+from .knobs import PLAN_KNOBS, knob_defaults
 
 Options = Callable[["_Entry", Mapping[str, Any]], list[Any]]
 
@@ -216,7 +218,7 @@ class SearchSpace:
         self, params: Mapping[str, Any], given: Collection[str] = ()
     ) -> list[tuple[str, Any, str]]:
         """``(name, value, why)`` for each value of ``params`` this context cannot run: a
-        tuned configuration carried to another world size or layout (``train_fns.sizes``).
+        tuned configuration carried to another world size or layout (``train_fns.size_fit``).
         Env values may be given as NCCL reads them (strings). A default always fits; a param
         outside these spaces is not judged; ``strategy`` and the names ``given`` are the
         caller's to fix (their values are taken as they are)."""
@@ -411,4 +413,6 @@ class SearchSpace:
 
     def from_optuna_params(self, optuna_params: Mapping[str, Any]) -> dict[str, Any]:
         """The full params of a finished trial (``trial.params`` / ``study.best_params``)."""
-        return self.suggest(optuna.trial.FixedTrial(dict(optuna_params)))
+        from optuna.trial import FixedTrial
+
+        return self.suggest(FixedTrial(dict(optuna_params)))

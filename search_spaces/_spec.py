@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._domain import MAX_ENUMERATED, Param, same_value
-from ._env import PLAN_KNOBS, SpaceError, check_env
+from ._env import SpaceError, check_env
 from ._expr import Clause, Condition, Constraint
+from .knobs import PLAN_KNOBS
 
 CONTEXT_DOMAINS: dict[str, Any] = {
     "backend": ("nccl", "gloo"),

@@ -24,7 +24,7 @@ from train_fns.data import sample_indices
 from train_fns.guard import Guard, guarded_steps
 from train_fns.hf_workload import hf_workload
 from train_fns.metrics import HANG_EXIT_CODE
-from train_fns.plan import TrialPlan
+from train_fns.plan import TrialPlan, window_lengths
 from train_fns.precision import Precision
 from train_fns.ranks import reduce_over_ranks
 from train_fns.strategies import (
@@ -57,10 +57,9 @@ def window_ends(plan: TrialPlan) -> list[int]:
 
     Windows differ by at most one step when ``measure_steps`` does not divide evenly.
     """
-    base, extra = divmod(plan.measure_steps, plan.num_windows)
     ends, done = [], plan.warmup_steps
-    for window in range(plan.num_windows):
-        done += base + (1 if window < extra else 0)
+    for steps in window_lengths(plan.measure_steps, plan.num_windows):
+        done += steps
         ends.append(done)
     return ends
 

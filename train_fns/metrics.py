@@ -119,7 +119,7 @@ PLACE = "place"
 """A rank's first start message: where it runs (``node_id``, ``node_ip``, Ray's ``node_rank``
 and ``local_rank``, and ``gpu_uuid``: its GPU, "" on a CPU worker)."""
 PLACEMENT = "placement"
-"""A trial's ranks per node, "node0:2,node1:2" (``orchestrator.placement.placement_label``):
+"""A trial's ranks per node, "node0:2,node1:2" (``orchestrator.cluster.placement.placement_label``):
 trials whose placements differ do not compare."""
 RANK_PLACES = "rank_places"
 """A trial's every rank's ``PLACE`` with its ``rank``, in rank order."""
@@ -152,4 +152,4 @@ HANG_MARKER_DIR = "hang-markers"
 HANG_MARKER = "hang-rank{rank}.txt"
 """A hung rank's marker file (``.format(rank=...)``; ``rank="*"`` globs them all)."""
 """A training checkpoint's state file; the driver reads it before Ray starts (here, not in
-``train_fns.elastic``, so that reading it does not import torch)."""
+``train_fns.restart``, so that reading it does not import torch)."""

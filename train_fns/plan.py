@@ -12,15 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("ddp", "fsdp")
+from search_spaces.knobs import BY_NAME, CHOICE, DDP, FSDP, PLAN, Knob, knobs_of, shown
+
+STRATEGIES = BY_NAME["strategy"].values
 PRECISIONS = ("fp32", "bf16", "fp16")
 TASKS = ("mlm", "clm")
 FAULT_KINDS = ("crash", "hang", "oom", "corrupt")
-COMM_HOOKS = ("bf16", "fp16")
-"""DDP gradient compression hooks (torch's ``default_hooks``): lossy, searched on opt-in only."""
-REDUCE_DTYPES = ("fp32", "bf16", "fp16")
-ADAMW_IMPLS = ("foreach", "fused")
-"""AdamW's implementation (None: torch's choice); ``fused`` runs on CUDA only."""
 
 
 class InfeasiblePlan(ValueError):
@@ -46,6 +43,19 @@ def split_global_batch(global_batch: int, world_size: int, accumulation_steps: i
             "pick an accumulation that divides global_batch / world_size"
         )
     return global_batch // per_step
+
+
+def window_lengths(measure_steps: int, num_windows: int) -> list[int]:
+    """Each measured window's steps: ``measure_steps`` split into ``num_windows`` windows that
+    differ by at most one step when it does not divide evenly (the longer ones first)."""
+    base, extra = divmod(measure_steps, num_windows)
+    return [base + (1 if window < extra else 0) for window in range(num_windows)]
+
+
+def steps_per_window(measure_steps: int, num_windows: int) -> int:
+    """The steps of one window as the driver plans with them: the shortest window's (every
+    window has at least these), at least one."""
+    return max(1, window_lengths(measure_steps, num_windows)[-1])
 
 
 def resplit(global_batch: int, world_size: int, max_micro_batch: int) -> tuple[int, int] | None:
@@ -80,38 +90,26 @@ def with_world_size(plan: TrialPlan, world_size: int) -> TrialPlan:
     return dataclasses.replace(plan, world_size=world_size, accumulation_steps=accumulation)
 
 
-@dataclass(frozen=True)
-class DDPOptions:
-    """Knobs of ``torch.nn.parallel.DistributedDataParallel``; defaults are torch's."""
-
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    broadcast_buffers: bool = True
-    """Broadcast rank 0's buffers before every forward (BERT's position ids): exact when no
-    buffer changes in training, which is what the guard checks."""
-    comm_hook: str | None = None
-    """``bf16``/``fp16``: compress gradients for the all-reduce (lossy); None: full precision."""
-    find_unused_parameters: bool = False
-    """Let DDP's reducer find the parameters a step leaves without a gradient (a mixture of
-    experts, a conditional branch): needed by such models, exact, a graph walk per step."""
+def _options(name: str, home: str, doc: str) -> type:
+    """A frozen dataclass with one field per knob of ``home`` in the registry, torch's default
+    as its default: the registry is the one list of a plan's DDP and FSDP options."""
+    fields = [(k.name, k.kind, field(default=k.default)) for k in knobs_of(home)]
+    namespace = {"__doc__": doc, "__module__": __name__}
+    return dataclasses.make_dataclass(name, fields, frozen=True, namespace=namespace)
 
 
-@dataclass(frozen=True)
-class FSDPOptions:
-    """Knobs of FSDP2 ``fully_shard``; defaults are torch's."""
-
-    reshard_after_forward: bool | int = True
-    """An int reshards to that many ranks after forward (a non-trivial divisor of the shard
-    group): backward all-gathers within the smaller group."""
-    reduce_dtype: str = "fp32"
-    """The gradient reduce-scatter's dtype under bf16/fp16 parameters; the low one is lossy."""
-    forward_prefetch: int = 0
-    """All-gather this many next blocks ahead in forward (0: FSDP2's implicit schedule)."""
-    backward_prefetch: int = 0
-    """All-gather this many previous blocks ahead in backward (0: FSDP2's implicit one)."""
-    hsdp: bool = False
-    """Replicate across nodes, shard within one (a 2-D mesh from the ranks' local world)."""
+DDPOptions = _options(
+    "DDPOptions",
+    DDP,
+    "Knobs of ``torch.nn.parallel.DistributedDataParallel`` (the registry's "
+    "``ddp`` knobs, ``search_spaces.knobs``); defaults are torch's.",
+)
+FSDPOptions = _options(
+    "FSDPOptions",
+    FSDP,
+    "Knobs of FSDP2 ``fully_shard`` (the registry's ``fsdp`` knobs, "
+    "``search_spaces.knobs``); defaults are torch's.",
+)
 
 
 def model_knobs(knobs: dict[str, Any], unused_parameters: bool | None) -> dict[str, Any]:
@@ -128,12 +126,15 @@ def options_from_knobs(knobs: dict[str, Any]) -> tuple[DDPOptions, FSDPOptions]:
     params); the others keep torch's defaults. A bucket size is MB as a float, whatever YAML
     made of it."""
     out = []
-    for cls in (DDPOptions, FSDPOptions):
-        values = {f.name: knobs[f.name] for f in dataclasses.fields(cls) if f.name in knobs}
-        if "bucket_cap_mb" in values:
-            values["bucket_cap_mb"] = float(values["bucket_cap_mb"])
+    for cls, home in ((DDPOptions, DDP), (FSDPOptions, FSDP)):
+        values = {k.name: _as_kind(k, knobs[k.name]) for k in knobs_of(home) if k.name in knobs}
         out.append(cls(**values))
     return out[0], out[1]
+
+
+def _as_kind(knob: Knob, value: Any) -> Any:
+    """A float knob's value as a float, whatever YAML made of it (``bucket_cap_mb: 50``)."""
+    return float(value) if knob.kind is float else value
 
 
 def knob_fields(knobs: dict[str, Any], unused_parameters: bool | None, strategy: str) -> dict:
@@ -141,11 +142,9 @@ def knob_fields(knobs: dict[str, Any], unused_parameters: bool | None, strategy:
     ``strategy`` where the knobs name none: one mapping for a config's plan, a fitted entry's
     and the tuned result in a user's own loop."""
     ddp, fsdp = options_from_knobs(model_knobs(knobs, unused_parameters))
-    return {
-        "strategy": str(knobs.get("strategy", strategy)), "ddp": ddp, "fsdp": fsdp,
-        "activation_checkpointing": bool(knobs.get("activation_checkpointing", False)),
-        "adamw_impl": knobs.get("adamw_impl"),
-    }  # fmt: skip
+    own = {k.name: knobs.get(k.name, k.default) for k in knobs_of(PLAN)}
+    del own["accumulation_steps"]  # the split: derived with the micro-batch, never copied
+    return {**own, "strategy": str(knobs.get("strategy", strategy)), "ddp": ddp, "fsdp": fsdp}
 
 
 @dataclass(frozen=True)
@@ -161,13 +160,14 @@ class TrialPlan:
     world_size: int
     accumulation_steps: int
     micro_batch: int
-    strategy: str = "ddp"
+    strategy: str = BY_NAME["strategy"].default
     precision: str = "fp32"
     ddp: DDPOptions = field(default_factory=DDPOptions)
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
-    activation_checkpointing: bool = False
-    adamw_impl: str | None = None
-    """``foreach`` or ``fused`` AdamW (the default optimizer only); None: torch's choice."""
+    activation_checkpointing: bool = BY_NAME["activation_checkpointing"].default
+    adamw_impl: str | None = BY_NAME["adamw_impl"].default
+    """The registry's knobs of the plan itself (``search_spaces.knobs``, home ``plan``) are
+    fields here, with its defaults."""
     model_overrides: dict[str, Any] = field(default_factory=dict)
     """Keys passed to the HF config (e.g. ``num_hidden_layers``) after the preset's."""
     data: str = "synthetic"
@@ -217,8 +217,6 @@ class TrialPlan:
     training run that resumes, or changes its split, continues the stream exactly."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InfeasiblePlan(f"strategy={self.strategy!r}; use one of {STRATEGIES}")
         if self.precision not in PRECISIONS:
             raise InfeasiblePlan(f"precision={self.precision!r}; use one of {PRECISIONS}")
         if self.task is not None and self.task not in TASKS:
@@ -252,20 +250,20 @@ class TrialPlan:
 
     def _check_knobs(self) -> None:
         """The DDP/FSDP/optimizer knobs: values torch accepts, in combinations that run."""
+        for knob in (k for k in BY_NAME.values() if k.takes == CHOICE):
+            where = self if knob.home == PLAN else getattr(self, knob.home)
+            value = getattr(where, knob.name)
+            if value not in knob.values:
+                where = knob.name if knob.home == PLAN else f"{knob.home}.{knob.name}"
+                raise InfeasiblePlan(f"{where}={value!r}; use one of {shown(knob.values)}")
         checks = (
-            (self.ddp.comm_hook in (None, *COMM_HOOKS), f"ddp.comm_hook={self.ddp.comm_hook!r}; "
-             f"use null or one of {COMM_HOOKS}"),
             (self.fsdp.reduce_dtype in ("fp32", self.precision), f"fsdp.reduce_dtype="
              f"{self.fsdp.reduce_dtype!r} under precision={self.precision}; use fp32"
              + ("" if self.precision == "fp32" else f" or {self.precision}")),
-            (self.adamw_impl in (None, *ADAMW_IMPLS), f"adamw_impl={self.adamw_impl!r}; use "
-             f"null or one of {ADAMW_IMPLS}"),
             (self.ddp.comm_hook != "bf16" or self.use_gpu, "ddp.comm_hook=bf16 needs GPUs "
              "(torch registers it on CUDA with NCCL >= 2.10 only); use fp16 on gloo"),
             (self.adamw_impl != "fused" or self.use_gpu, "adamw_impl=fused needs GPUs "
              "(torch's fused AdamW is searched on CUDA only); use foreach or null on CPU"),
-            (all(0 <= d <= 8 for d in (self.fsdp.forward_prefetch, self.fsdp.backward_prefetch)),
-             "fsdp.forward_prefetch and fsdp.backward_prefetch must be 0 to 8 blocks"),
         )  # fmt: skip
         for ok, why in checks:
             if not ok:

@@ -17,7 +17,12 @@ from train_fns import metrics as m
 from train_fns import snapshots
 from train_fns.adaptive import AdaptiveAccumulation, Split
 from train_fns.commsplit import exposed_comm, nosync_from_accumulation
-from train_fns.elastic import (
+from train_fns.gradients import layer_grad_norms
+from train_fns.hold import hold
+from train_fns.loop import StepRunner, build_runner
+from train_fns.plan import TrialPlan
+from train_fns.ranks import reduce_over_ranks, reduce_tensor
+from train_fns.restart import (
     RNG_SCHEME,
     RunSpec,
     load_checkpoint,
@@ -29,12 +34,7 @@ from train_fns.elastic import (
     temp_checkpoint_dir,
     wait_for_split,
 )
-from train_fns.gradients import layer_grad_norms
-from train_fns.hold import hold
-from train_fns.loop import StepRunner, build_runner
-from train_fns.plan import TrialPlan
-from train_fns.ranks import reduce_over_ranks, reduce_tensor
-from train_fns.sizes import Fitted, apply_env, fit, gathered_layout, plan_of
+from train_fns.size_fit import Fitted, apply_env, fit, gathered_layout, plan_of
 from train_fns.watchdog import Watchdog
 
 PHASE_COLUMNS = (m.DATA_S, m.OPTIM_S, m.EXPOSED_COMM_S, m.COMPUTE_S)

@@ -19,19 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from search_spaces import env_strings
+from search_spaces.guarded_yaml import load_yaml, read_capped
 from train_fns.plan import TrialPlan, knob_fields
-from train_fns.sizes import Fitted, Layout, entries_of, fit, gathered_layout
+from train_fns.size_fit import Fitted, Layout, entries_of, fit, gathered_layout
 
 Best = Mapping[str, Any]
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """A best.yaml (or any complete commtune config) as a mapping."""
-    data = yaml.safe_load(Path(path).expanduser().read_text())
+    """A best.yaml (or any complete commtune config) as a mapping, read as every file a user
+    hands commtune is: capped and guarded (``search_spaces.guarded_yaml``)."""
+    data = load_yaml(read_capped(Path(path).expanduser()))
     if not isinstance(data, dict) or "workload" not in data:
         raise ValueError(f"{path}: not a commtune config (no workload section)")
     return data
@@ -40,7 +41,7 @@ def load(path: str | Path) -> dict[str, Any]:
 def fitted(best: Best, world_size: int, num_nodes: int = 1, even: bool | None = None) -> Fitted:
     """The entry of ``best`` for ``world_size`` (its own in ``sizes``, else the nearest; the
     top level is the entry for ``cluster.num_workers``) fitted to ``num_nodes`` nodes: what
-    ``orchestrator.train`` runs at that size (``train_fns.sizes``; ``fitted.line`` says it)."""
+    ``orchestrator.train`` runs at that size (``train_fns.size_fit``; ``fitted.line`` says it)."""
     workload, search = best["workload"], best.get("search") or {}
     cluster = best.get("cluster") or {}
     top = int(cluster.get("num_workers", world_size))

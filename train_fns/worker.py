@@ -74,7 +74,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from train_fns.elastic import RunSpec
+    from train_fns.restart import RunSpec
     from train_fns.trainer import ElasticTrainer, Marks
 
     setup = Marks(launched_at)

@@ -27,17 +27,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks._record import add_results_option, recording
-from orchestrator.config import load_config
-from orchestrator.paired import MIN_PAIRS, noise_floor
-from orchestrator.plans import resolve_task
+from orchestrator.cluster.session import resolve_gpu, start_ray
+from orchestrator.config.schema import load_config
+from orchestrator.planning.from_config import resolve_task
 from orchestrator.runfiles import storage_dir
 from orchestrator.search.context import space_of
 from orchestrator.search.pipeline import search_context
 from orchestrator.search.race import SWITCH_STEPS, Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.session import resolve_gpu, start_ray
-from orchestrator.verdict import KEEP, decide
+from orchestrator.verdict.decide import KEEP, decide
+from orchestrator.verdict.paired import MIN_PAIRS, noise_floor
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 

@@ -3,7 +3,8 @@
 An assumption, not a measurement: it exists so the search strategies can be compared on
 landscapes shaped like the real problem (memory limits, compute-bound vs link-bound regimes,
 NCCL knobs that help or hurt) until such grids are recorded. It deliberately differs from
-what the seeding cost model knows (``orchestrator.costmodel`` with nominal ``LINKS`` figures,
+what the seeding cost model knows (``orchestrator.planning.costmodel`` with nominal ``LINKS``
+figures,
 compute independent of micro-batch, no memory, no NCCL variables), so seeding is not
 circular:
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.costmodel import LINKS, Link, ModelSize, predict_throughput
+from orchestrator.planning.costmodel import LINKS, Link, ModelSize, predict_throughput
 
 SEQ_LEN = 512
 GLOBAL_BATCH = 64

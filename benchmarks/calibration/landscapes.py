@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.calibration import gpu_model
-from orchestrator.config import SearchConfig
-from orchestrator.costmodel import ModelSize
+from orchestrator.config.schema import SearchConfig
+from orchestrator.planning.costmodel import ModelSize
 from orchestrator.search.proposer import cost_model_seeds, search_seeds
 from search_spaces import SearchContext, SearchSpace, load_spaces
 

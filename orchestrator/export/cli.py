@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.config.inputs import ConfigError
 from orchestrator.export import accelerate, lightning, torchrun, trainer
 from orchestrator.export.entry import Export, Tuned, read_tuned
-from orchestrator.inputs import ConfigError
 from orchestrator.runfiles import BEST_YAML, write_atomic
 
 TARGETS: dict[str, Callable[[Tuned, str], Export]] = {

@@ -1,8 +1,8 @@
 """What a run tuned for one world size, read once for every target: the split at the fixed
 global batch, the DDP and FSDP options, checkpointing, the optimizer and the variables.
 
-A run folder's best.yaml is read through ``orchestrator.config`` (the same checks as
-``orchestrator.train``) and its entry for the size through ``train_fns.sizes.fit`` (what a
+A run folder's best.yaml is read through ``orchestrator.config.schema`` (the same checks as
+``orchestrator.train``) and its entry for the size through ``train_fns.size_fit.fit`` (what a
 training run at that size runs): the targets translate this one record, so none of them
 re-derives the split or the knobs.
 """
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, load_config
-from orchestrator.inputs import ConfigError
+from orchestrator.config.inputs import ConfigError
+from orchestrator.config.schema import Config, load_config
+from orchestrator.config.size_entries import fit_context, run_entries
 from orchestrator.runfiles import BEST_YAML, read_run_info
-from orchestrator.sizes import fit_context, run_entries
 from train_fns.plan import DDPOptions, FSDPOptions, knob_fields
-from train_fns.sizes import Layout, fit
+from train_fns.size_fit import Layout, fit
 
 
 @dataclass(frozen=True)

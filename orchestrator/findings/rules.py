@@ -13,7 +13,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.costmodel import (
+from orchestrator.cluster.placement import mixed_placements
+from orchestrator.findings.steps import focus_step
+from orchestrator.planning.costmodel import (
     EFA_400G,
     LINKS,
     NET_100G,
@@ -22,8 +24,6 @@ from orchestrator.costmodel import (
     Link,
     bus_factor,
 )
-from orchestrator.findings.steps import focus_step
-from orchestrator.placement import mixed_placements
 from orchestrator.runfiles import (
     BELOW_SEARCHED,
     BEST_YAML,
@@ -36,7 +36,7 @@ from orchestrator.runfiles import (
     below_searched,
     num,
 )
-from orchestrator.verdict import DELTA, verdict_from_rows
+from orchestrator.verdict.decide import DELTA, verdict_from_rows
 from train_fns.metrics import NONFINITE_RATE_MAX
 
 SEVERITIES = ("high", "medium", "info")

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.findings.rules import RULES, Finding
 from orchestrator.runfiles import KNOWN_FILES, REMEASURE_CSV, RunRecord
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.verdict.decide import verdict_from_rows
 
 
 def describe(record: RunRecord) -> str:

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.costmodel import bus_factor
-from orchestrator.inputs import check_out_dir, parse_env_items
+from orchestrator.cluster.session import check_ray_address, resolve_gpu, start_ray
+from orchestrator.config.inputs import check_out_dir, parse_env_items
+from orchestrator.config.schema import Config, ConfigError, load_config
+from orchestrator.planning.costmodel import bus_factor
 from orchestrator.probe.sweep import (
     CPU_SIZES,
     GPU_SIZES,
@@ -29,7 +30,6 @@ from orchestrator.probe.sweep import (
 )
 from orchestrator.probe.tuner_conf import choose, measure, write
 from orchestrator.runfiles import BEST_YAML, PROBE_CSV, PROBE_DIR, TUNER_CONF
-from orchestrator.session import check_ray_address, resolve_gpu, start_ray
 
 DEFAULT_OUT = Path("runs/probe")
 MIN_WORKERS = 2

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, WorkloadConfig
-from orchestrator.costmodel import bus_factor
-from orchestrator.placement import layout_for
+from orchestrator.cluster.placement import layout_for
+from orchestrator.cluster.session import check_capacity, driver_queue, resolve_gpu, start_ray
+from orchestrator.cluster.workers import Fit, GroupSpec, Heartbeat, torch_trainer
+from orchestrator.config.schema import Config, ConfigError, WorkloadConfig
+from orchestrator.planning.costmodel import bus_factor
 from orchestrator.runfiles import write_atomic
-from orchestrator.session import check_capacity, driver_queue, resolve_gpu, start_ray
-from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
 from train_fns.metrics import OPS
 
 COLUMNS = (

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.inputs import ConfigError, check_report_path
+from orchestrator.config.inputs import ConfigError, check_report_path
 from orchestrator.report.page import render
 from orchestrator.runfiles import REPORT_HTML, collect, missing_dirs, write_atomic
 

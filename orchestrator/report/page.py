@@ -17,6 +17,7 @@ import datetime
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.report.by_size import section_by_size
 from orchestrator.report.diagnosis import (
     section_bandwidth,
     section_findings,
@@ -29,7 +30,6 @@ from orchestrator.report.html import (
     log,
     missing,
 )
-from orchestrator.report.sizes_section import section_by_size
 from orchestrator.report.trials import (
     section_best_vs_baseline,
     section_importance,

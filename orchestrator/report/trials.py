@@ -8,7 +8,6 @@ import warnings
 
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.paired import FUTILITY_CONFIDENCE
 from orchestrator.report.html import (
     FAILED_STATES,
     bar_chart,
@@ -28,7 +27,8 @@ from orchestrator.runfiles import (
     RunRecord,
     num,
 )
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.verdict.decide import verdict_from_rows
+from orchestrator.verdict.paired import FUTILITY_CONFIDENCE
 
 
 def section_throughput(record: RunRecord) -> str:
@@ -109,7 +109,7 @@ def section_best_vs_baseline(record: RunRecord) -> str:
 
 
 def _from_remeasure(record: RunRecord) -> str:
-    """The search's own verdict (``orchestrator.verdict``) from remeasure.csv: how it paired,
+    """The search's own verdict (``orchestrator.verdict.decide``) from remeasure.csv: how it paired,
     each finalist's ratio with its interval against 1 + δ, the disturbed runs left out."""
     verdict = verdict_from_rows(record.remeasure)
     comps = verdict.comparisons
@@ -148,7 +148,7 @@ def section_importance(record: RunRecord) -> str:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from orchestrator.storage import open_file
+    from orchestrator.config.study_storage import open_file
 
     storage = open_file(path)
     names = optuna.get_all_study_names(storage)

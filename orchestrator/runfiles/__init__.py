@@ -1,11 +1,12 @@
-"""The run folder, in one place: which files a run holds, what run_info.json and summary.json
-record, and the record the doctor and the report read.
+"""The run folder, in one place: which files a run holds, what run_info.json, summary.json and
+remeasure.csv record, and the record the doctor and the report read.
 
 Every command that writes or reads a run folder goes through here, so a file's name, a
 run_info or summary key and how each is read are decided once (a test holds every other module
 to it): ``files`` names the files and reads and writes them (whole files atomically),
-``info`` is run_info.json and ``summary`` summary.json as typed records (``kinds``: a value of
-the wrong kind reads as absent), ``record`` is a whole folder read once.
+``info`` is run_info.json, ``summary`` summary.json and ``remeasure`` remeasure.csv's rows as
+typed records (a value of the wrong kind reads as absent), ``record`` is a whole folder read
+once.
 """
 
 from orchestrator.runfiles.board import Board

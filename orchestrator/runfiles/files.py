@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from search_spaces._yaml import load_yaml, read_capped
+from search_spaces.guarded_yaml import load_yaml, read_capped
 
 log = logging.getLogger("commtune")
 

@@ -34,8 +34,9 @@ from orchestrator.runfiles.files import (
 )
 from orchestrator.runfiles.info import RunInfo
 from orchestrator.runfiles.kinds import wrong_kinds
+from orchestrator.runfiles.remeasure import Remeasured, read_rows
 from orchestrator.runfiles.summary import Summary
-from search_spaces._yaml import read_capped
+from search_spaces.guarded_yaml import read_capped
 
 log = logging.getLogger("commtune")
 
@@ -54,7 +55,7 @@ class RunRecord:
     """The trial best.yaml was written from (its header names it)."""
     run_info: RunInfo = field(default_factory=RunInfo)
     probe: list[dict[str, str]] = field(default_factory=list)
-    remeasure: list[dict[str, str]] = field(default_factory=list)
+    remeasure: list[Remeasured] = field(default_factory=list)
     summary: Summary = field(default_factory=Summary)
     progress: list[dict[str, str]] = field(default_factory=list)
     topology: dict[str, Any] = field(default_factory=dict)
@@ -164,6 +165,11 @@ def _rows(path: Path) -> tuple[list[dict[str, str]], list[str]]:
     return read_csv(path), []
 
 
+def _remeasured(path: Path) -> tuple[list[Remeasured], list[str]]:
+    """remeasure.csv as records: a hand-edited value of the wrong kind reads as absent."""
+    return read_rows(read_csv(path)), []
+
+
 def _typed(record: type[RunInfo] | type[Summary]) -> Read:
     """A reader of a JSON record: wrong kinds read as absent, and named."""
 
@@ -193,7 +199,7 @@ _READERS: dict[str, tuple[str, Read]] = {
     BEST_YAML: ("best_config", _read_best),
     RUN_INFO: ("run_info", _typed(RunInfo)),
     PROBE_CSV: ("probe", _rows),
-    REMEASURE_CSV: ("remeasure", _rows),
+    REMEASURE_CSV: ("remeasure", _remeasured),
     SUMMARY_JSON: ("summary", _typed(Summary)),
     PROGRESS_CSV: ("progress", _rows),
 }

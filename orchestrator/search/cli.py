@@ -14,15 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.config import Config, ConfigError, load_config, merged
-from orchestrator.inputs import check_out_dir
-from orchestrator.plans import absolute_paths, check_model
+from orchestrator.cluster.session import check_ray_address
+from orchestrator.config.inputs import check_out_dir
+from orchestrator.config.schema import Config, ConfigError, load_config, merged
+from orchestrator.config.size_entries import check_batch_fits, sizes_to_tune, workers_range
+from orchestrator.planning.from_config import absolute_paths, check_model
 from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL, TRIALS_CSV
 from orchestrator.search import ctrl_c
 from orchestrator.search.context import space_for
 from orchestrator.search.ranged import check_sizes_can_run
-from orchestrator.session import check_ray_address
-from orchestrator.sizes import check_batch_fits, sizes_to_tune, workers_range
 from train_fns.plan import FAULT_KINDS
 
 
@@ -202,7 +202,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
 
 def check_storage(config: Config, out: Path) -> str | None:
     """Check the study's storage (connect to a database URL); what to say about the choice."""
-    from orchestrator import storage
+    from orchestrator.config.schema import study_storage as storage
 
     choice = storage.choose(config.search.storage, out)
     storage.check(choice)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.session import backend_name
+from orchestrator.cluster.session import backend_name
+from orchestrator.config.schema import Config, ConfigError
 from search_spaces import (
     SearchContext,
     SearchSpace,

@@ -16,10 +16,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import LINKS, Link, ModelSize, knob_traffic
-from orchestrator.inputs import check_range
-from orchestrator.plans import check_entrypoint
+from orchestrator.config.inputs import check_range
+from orchestrator.config.schema import Config, ConfigError
+from orchestrator.planning.costmodel import LINKS, Link, ModelSize, knob_traffic
+from orchestrator.planning.from_config import check_entrypoint
 from orchestrator.search.context import space_for
 from orchestrator.search.proposer import (
     NOMINAL_TFLOPS,

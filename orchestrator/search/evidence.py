@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
+from orchestrator.cluster.session import resolve_gpu
+from orchestrator.planning.costmodel import GRAD_BYTES_PER_PARAM, Link, link_from_probe
 from orchestrator.probe import ProbeSettings, run_probe, write_csv
 from orchestrator.runfiles import PROBE_CSV, RunInfo, read_probe, storage_dir
 from orchestrator.search.results import TrialRecord, baseline_record
 from orchestrator.search.trial import derive_plan, measure_plans
-from orchestrator.session import resolve_gpu
 from train_fns import metrics as m
-from train_fns.plan import InfeasiblePlan, with_world_size
+from train_fns.plan import InfeasiblePlan, steps_per_window, with_world_size
 
 
 def measure_link(config: Any, out: Path) -> None:
@@ -69,7 +69,7 @@ def measure_scaling(ctx: Any, recs: list[TrialRecord], deadline: float | None) -
     try:
         # one window: an efficiency figure needs less certainty than a verdict, and a step on
         # one worker takes N times as long
-        window = max(1, plan.measure_steps // plan.num_windows)
+        window = steps_per_window(plan.measure_steps, plan.num_windows)
         alone = dataclasses.replace(
             with_world_size(plan, 1), measure_steps=window, num_windows=1
         )

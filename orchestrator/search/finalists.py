@@ -6,31 +6,42 @@ finalist (``finalists``, at most ``search.remeasure_top``). Those the baseline's
 can switch to (same environment variables) and hold at once (``fit_together``) race it in
 paired windows (``search.race``); the others run as whole groups interleaved with baseline runs
 (B c1 B c2 B ...), a disturbed run once more (a bounded number of times). Both write
-remeasure.csv, and ``orchestrator.verdict`` judges it.
+remeasure.csv, and ``orchestrator.verdict.decide`` judges it.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
-from orchestrator.paired import comparable_cv, noise_floor, ratios_from_rows, recorded_fraction
-from orchestrator.placement import group_nodes, pinnable
-from orchestrator.runfiles import REMEASURE_CSV, Board, read_csv, write_csv
+from orchestrator.cluster.placement import group_nodes, pinnable
+from orchestrator.runfiles import REMEASURE_CSV, Board, read_csv
+from orchestrator.runfiles.remeasure import (
+    BASELINE,
+    FINALIST,
+    GROUP,
+    WINDOW,
+    Remeasured,
+    read_rows,
+    write_remeasure,
+)
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
-from orchestrator.verdict import (
-    GROUP,
+from orchestrator.verdict.decide import (
     MEASURE_ON_TIMES,
     UNDECIDED,
-    WINDOW,
     Measure,
     Run,
     Verdict,
     disturbances,
     verdict_from_rows,
+)
+from orchestrator.verdict.paired import (
+    comparable_cv,
+    noise_floor,
+    ratios_from_rows,
+    recorded_fraction,
 )
 from train_fns import metrics as m
 
@@ -122,7 +133,7 @@ def remeasure(
     window = list(switchable)
     while window and not fit_together([baseline, *window], ctx.config.cluster.num_workers):
         window.pop()  # the slowest first
-    rows: list[dict[str, Any]] = []
+    rows: list[Remeasured] = []
     if window:
         floor = noise_floor(window_cvs(recs), ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
@@ -140,8 +151,8 @@ def remeasure(
         )
         print(f"re-measuring in paired runs interleaved with the baseline: {shown}", flush=True)
         rows += _group_rows(ctx, baseline, grouped, start=len(rows))
-    write_rows(out / REMEASURE_CSV, rows)
-    return verdict_from_rows(as_text(rows), ctx.config.search.verdict_delta)
+    write_remeasure(out / REMEASURE_CSV, rows)
+    return verdict_from_rows(rows, ctx.config.search.verdict_delta)
 
 
 def measure_on(
@@ -156,10 +167,10 @@ def measure_on(
     (a δ is chosen before the pairs are seen), and a race is measured on
     ``verdict.MEASURE_ON_TIMES`` times at most (remeasure.csv's ``race`` counts them)."""
     path = out / REMEASURE_CSV
-    rows = read_csv(path) if path.is_file() else []
+    rows = read_rows(read_csv(path)) if path.is_file() else []
     if not rows:
         return None
-    delta = recorded_fraction(rows, "delta", ctx.config.search.verdict_delta)
+    delta = recorded_fraction((r.delta for r in rows), ctx.config.search.verdict_delta)
     if delta != ctx.config.search.verdict_delta:
         print(f"resume: δ {delta * 100:g}% on record, {ctx.config.search.verdict_delta * 100:g}%"
               " configured: the verdict stays at the δ its pairs were taken for (a new δ takes "
@@ -181,27 +192,21 @@ def measure_on(
     print(f"resume: no finalist decided on record: measuring trial(s) "
           f"{', '.join(str(r.number) for r in chosen)} on from their pairs", flush=True)
     race = Race(ctx, baseline, chosen, deadline=deadline,
-                floor=recorded_fraction(rows, "floor", 0.0))  # fmt: skip
+                floor=recorded_fraction((r.floor for r in rows), 0.0))  # fmt: skip
     race.delta = delta
     race.board = Board(out, "race")
     race.carry(rows)
     if any(entrant.out is None for entrant in race.entrants):
         race.run()
-    rows = rows + as_text(race.rows)
-    write_rows(path, rows)
+    rows = rows + race.rows
+    write_remeasure(path, rows)
     return verdict_from_rows(rows, delta)
 
 
-def _warmed_up(rows: list[dict[str, str]]) -> set[int]:
+def _warmed_up(rows: list[Remeasured]) -> set[int]:
     """The finalists a race on record built (its warm-up rows), paired or not."""
-    out = set()
-    for row in rows:
-        if row.get("pairing") == WINDOW and row.get("role") == "finalist":
-            try:
-                out.add(int(row.get("trial") or ""))
-            except ValueError:
-                continue
-    return out
+    return {r.trial for r in rows if r.pairing == WINDOW and r.role == FINALIST
+            and r.trial is not None}  # fmt: skip
 
 
 def _stands(verdict: Verdict, open_: list[int], deadline: float | None) -> str:
@@ -226,29 +231,9 @@ def _env_change(ctx: TrialContext, env: dict[str, str], rec: TrialRecord) -> str
     return f"{', '.join(names)} need{'s' if len(names) == 1 else ''} fresh processes"
 
 
-HEADER = ["position", "repeat", "trial", "role", "state", "samples_per_s", "throughput_cv",
-          "windows", "disturbed", m.PLACEMENT, "pairing", "pair", "against", "attempt",
-          "delta", "floor", "reference", "race", m.GPUS]  # fmt: skip
-"""remeasure.csv's columns: one row per measurement, window-paired and group-paired alike."""
-
-
-def as_text(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """The rows as remeasure.csv holds them (every column, text; None: empty), for
-    ``verdict_from_rows``: the verdict read from the rows in memory is the one read from the
-    file."""
-    return [{h: "" if row.get(h) is None else str(row.get(h, "")) for h in HEADER} for row in rows]
-
-
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """remeasure.csv, written whole (``runfiles.write_csv``): a reader such as the report never
-    sees half the verdict's evidence."""
-    write_csv(path, HEADER, [["" if row.get(h) is None else row.get(h, "") for h in HEADER]
-                             for row in rows])  # fmt: skip
-
-
 def _group_rows(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], start: int
-) -> list[dict[str, Any]]:
+) -> list[Remeasured]:
     """Group pairing: the interleaved sequence run for real (runs with the same environment
     variables share a worker group), then each disturbed run measured again, up to
     ``search.remeasure_repeats`` times, in the sequence's order."""
@@ -277,14 +262,14 @@ def _group_rows(
     why = disturbances(_runs(order, results, baseline))
     windows, delta = ctx.config.search.windows, ctx.config.search.verdict_delta
     return [
-        {
-            "position": start + i, "repeat": k, "trial": rec.number,
-            "role": "baseline" if rec is baseline else "finalist",
-            "state": res.get(m.STATE), "samples_per_s": res.get(m.SAMPLES_PER_S) or "",
-            "throughput_cv": res.get(m.THROUGHPUT_CV) or "", "windows": windows,
-            "disturbed": why[i][k], m.PLACEMENT: res.get(m.PLACEMENT, ""), "pairing": GROUP,
-            "delta": delta, m.GPUS: res.get(m.GPUS, ""),
-        }
+        Remeasured(
+            position=start + i, repeat=k, trial=rec.number,
+            role=BASELINE if rec is baseline else FINALIST,
+            state=res.get(m.STATE), samples_per_s=res.get(m.SAMPLES_PER_S) or None,
+            throughput_cv=res.get(m.THROUGHPUT_CV) or None, windows=windows,
+            disturbed=why[i][k] or None, placement=res.get(m.PLACEMENT), pairing=GROUP,
+            delta=delta, gpus=res.get(m.GPUS) or None,
+        )
         for i, rec in enumerate(order)
         for k, res in enumerate(results[i])
     ]  # fmt: skip

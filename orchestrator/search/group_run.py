@@ -29,22 +29,22 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.placement import (
+from orchestrator.cluster.placement import (
     PlacementError,
     gpu_uuids,
     held_here,
     layout_for,
     placement_label,
 )
-from orchestrator.reclaim import group_need
+from orchestrator.cluster.reclaim import group_need
+from orchestrator.cluster.session import driver_queue
+from orchestrator.cluster.workers import Fit, GroupSpec, Heartbeat, say, torch_trainer
 from orchestrator.search.outcome import (
     classify_failure,
     failure_texts,
     summarize,
     window_throughputs,
 )
-from orchestrator.session import driver_queue
-from orchestrator.workers import Fit, GroupSpec, Heartbeat, say, torch_trainer
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 

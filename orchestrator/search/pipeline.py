@@ -11,8 +11,18 @@ from typing import Any
 
 import optuna
 
-from orchestrator.config import Config, ConfigError, SearchConfig
-from orchestrator.plans import resolve_task
+from orchestrator.cluster.session import (
+    check_capacity,
+    expected_layout,
+    quiet_libraries,
+    resolve_gpu,
+    start_ray,
+    worker_topology,
+)
+from orchestrator.config.schema import Config, ConfigError, SearchConfig
+from orchestrator.config.size_entries import fit_context
+from orchestrator.config.study_storage import without_password
+from orchestrator.planning.from_config import resolve_task
 from orchestrator.report import write_report
 from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
 from orchestrator.search import ctrl_c, evidence, study
@@ -36,18 +46,9 @@ from orchestrator.search.results import (
 )
 from orchestrator.search.trial import TrialContext
 from orchestrator.search.tuner import build_tuner
-from orchestrator.session import (
-    check_capacity,
-    quiet_libraries,
-    resolve_gpu,
-    start_ray,
-    worker_topology,
-)
-from orchestrator.sizes import expected_layout, fit_context
-from orchestrator.storage import without_password
-from orchestrator.verdict import Verdict
+from orchestrator.verdict.decide import Verdict
 from search_spaces import SearchContext, SearchSpace, SpaceError
-from train_fns.sizes import Layout, fit
+from train_fns.size_fit import Layout, fit
 
 log = logging.getLogger("commtune")
 INTERRUPTED_WHY = "the search was stopped (Ctrl-C) before this trial ended; --resume runs it"
@@ -234,7 +235,7 @@ def _ended_early(
 
 def carried_seeds(ctx: TrialContext, carried: tuple[dict[str, Any], ...]) -> list[dict]:
     """Points of this search's space for what other sizes found best, fitted to this size's
-    layout (``train_fns.sizes``); one this space cannot hold is left out, and said."""
+    layout (``train_fns.size_fit``); one this space cannot hold is left out, and said."""
     context, seeds = ctx.space.context, []
     if ctx.config.search.sampler == "grid":
         return seeds  # a grid walks its points in order: no seed is tried first

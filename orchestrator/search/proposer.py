@@ -26,8 +26,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from orchestrator.config import SAMPLERS
-from orchestrator.costmodel import LINKS, Link, ModelSize, compute_s_per_sample, rank_candidates
+from orchestrator.config.schema import SAMPLERS
+from orchestrator.planning.costmodel import (
+    LINKS,
+    Link,
+    ModelSize,
+    compute_s_per_sample,
+    rank_candidates,
+)
 from orchestrator.search.study import INTERRUPTED, queued_params
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
 from train_fns import metrics as m

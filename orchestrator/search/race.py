@@ -31,20 +31,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.paired import (
+from orchestrator.runfiles import Board
+from orchestrator.runfiles.remeasure import BASELINE, FINALIST, WINDOW, Remeasured, Rows, read_rows
+from orchestrator.search.group_run import GroupRun
+from orchestrator.search.results import TrialRecord
+from orchestrator.search.trial import TrialContext, derive_plan
+from orchestrator.verdict.decide import KEEP, UNDECIDED, decide, measured_on
+from orchestrator.verdict.paired import (
     FUTILITY_CONFIDENCE,
     MIN_PAIRS,
     PairedRatio,
     pair_order,
     ratios_from_rows,
 )
-from orchestrator.runfiles import Board
-from orchestrator.search.group_run import GroupRun
-from orchestrator.search.results import TrialRecord
-from orchestrator.search.trial import TrialContext, derive_plan
-from orchestrator.verdict import KEEP, UNDECIDED, WINDOW, decide, measured_on, whole
 from train_fns import metrics as m
-from train_fns.plan import TrialPlan
+from train_fns.plan import TrialPlan, steps_per_window
 
 SWITCH_STEPS = 0
 """Unmeasured steps before every window (each follows another configuration's window): none,
@@ -74,9 +75,6 @@ FAILURES = 2
 """A configuration whose windows ended this many groups is out (the baseline: the race ends)."""
 ENDS_GROUP = (m.HANG, m.CRASH, m.ERROR)
 """A window outcome that ended its worker group (an out-of-memory error does not)."""
-BASELINE = "baseline"
-
-
 @dataclass
 class Entrant:
     """One configuration in the race (the baseline is one too, never judged)."""
@@ -132,7 +130,8 @@ class Race:
         self.board: Board | None = None
         """Each judged pair as TensorBoard scalars at its round (None: none)."""
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
-        self.steps = max(1, max(1, search.measure_steps // search.windows) + 1 - SWITCH_STEPS)
+        window = steps_per_window(search.measure_steps, search.windows)
+        self.steps = max(1, window + 1 - SWITCH_STEPS)
         """A window's measured steps: a visit is the search's window and one step more, the
         switch step counted in it unless ``SWITCH_STEPS`` leaves it out."""
         self.base = self._entrant(baseline, BASELINE)
@@ -144,7 +143,7 @@ class Race:
         for entrant in self.entrants:
             entrant.floor, entrant.reference = floor, self.reference
         self.slots: list[Slot] = []
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[Remeasured] = []
         self.ended: str | None = None
         """Why the race stopped before a decision (a failed window, its group ending)."""
         self.broken: str | None = None
@@ -168,23 +167,24 @@ class Race:
         self.race = 0
         """0, then 1, ... each time the race on record is measured on (``carry``)."""
 
-    def carry(self, rows: list[dict[str, str]]) -> None:
+    def carry(self, rows: Rows) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
         with its complete pairs there; rounds, rows and worker groups are numbered after the
         highest on record (so no new window can pair with an old one); those the pairs on
         record decide against leave before the first round, and the pair budget is those on
         record plus ``search.verdict_pairs`` for each finalist still in."""
+        rows = read_rows(rows)
         found = ratios_from_rows(rows)
         for entrant in self.entrants:
             ratios, base = found.get(entrant.record.number, ([], []))
             entrant.baseline = dict(enumerate(base))
             entrant.windows = {k: r * b for k, (r, b) in enumerate(zip(ratios, base, strict=True))}
         self.carried = self.spent()
-        paired = [r for r in rows if r.get("pairing") == WINDOW]
+        paired = [r for r in rows if r.pairing == WINDOW]
         counts = max((e.measured for e in self.entrants), default=0)  # its own keys run to it
-        self.next_pair = max([counts, *(1 + whole(r.get("pair")) for r in paired)])
-        self.position = 1 + max((whole(r.get("position")) for r in rows), default=-1)
-        self.first_attempt = 1 + max((whole(r.get("attempt") or "0") for r in paired), default=-1)
+        self.next_pair = max([counts, *(1 + _whole(r.pair) for r in paired)])
+        self.position = 1 + max((_whole(r.position) for r in rows), default=-1)
+        self.first_attempt = 1 + max((_whole(r.attempt or 0) for r in paired), default=-1)
         self.attempt = self.first_attempt
         self.race = 1 + measured_on(rows)
         self._judge_round()
@@ -410,19 +410,20 @@ class Race:
             f"{'s' if measured > 1 else ''}{left}: {so_far}"
         )
 
-    def _row(self, slot: Slot, outcome: dict[str, Any], value: float | None) -> dict[str, Any]:
+    def _row(self, slot: Slot, outcome: dict[str, Any], value: float | None) -> Remeasured:
         """Its remeasure.csv row (window pairing: a warm-up has no pair)."""
         self.position += 1
-        return {
-            "position": self.position - 1, "repeat": 0, "trial": slot.who.record.number,
-            "role": BASELINE if slot.who is self.base else "finalist",
-            "state": outcome.get(m.STATE), "samples_per_s": value or "",
-            "throughput_cv": "", "windows": 1, "disturbed": "",
-            m.PLACEMENT: outcome.get(m.PLACEMENT, ""), "pairing": WINDOW,
-            m.GPUS: outcome.get(m.GPUS, ""),
-            "pair": "" if slot.pair is None else slot.pair,
-            "against": "" if slot.against is None else slot.against.record.number,
-            "attempt": self.attempt, "floor": self.floor,
-            "reference": self.reference or "",
-            "delta": self.delta, "race": self.race,
-        }  # fmt: skip
+        return Remeasured(
+            position=self.position - 1, repeat=0, trial=slot.who.record.number,
+            role=BASELINE if slot.who is self.base else FINALIST,
+            state=outcome.get(m.STATE), samples_per_s=value or None, windows=1,
+            placement=outcome.get(m.PLACEMENT), pairing=WINDOW, pair=slot.pair,
+            against=None if slot.against is None else slot.against.record.number,
+            attempt=self.attempt, floor=self.floor, reference=self.reference or None,
+            delta=self.delta, race=self.race, gpus=outcome.get(m.GPUS) or None,
+        )  # fmt: skip
+
+
+def _whole(value: int | None) -> int:
+    """A recorded position, pair or attempt (-1: none recorded)."""
+    return -1 if value is None else value

@@ -8,7 +8,7 @@ baseline), with half the trials: it starts from what the sizes before it found b
 it (tried right after its baseline), the staged proposer's memory shapes and the cost model, so
 it needs fewer trials than a search from nothing; its windows (the race's too) are as many
 seconds as the primary's, in fewer of its longer steps (``window_steps``). best.yaml in the
-run folder then holds an entry per size (``sizes``, ``orchestrator.sizes``) that
+run folder then holds an entry per size (``sizes``, ``orchestrator.config.size_entries``) that
 ``orchestrator.train`` switches between as the run resizes.
 """
 
@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, dump_config, load_config
+from orchestrator.config.schema import Config, ConfigError, dump_config, load_config
 from orchestrator.runfiles import BEST_YAML, write_atomic
+from train_fns.plan import steps_per_window
 
 HEADER = re.compile(r"# commtune best configuration: trial (\d+), ([\d.]+) samples/s")
 VERDICT = re.compile(r"# verdict, measured beside the baseline: (.*)")
@@ -48,14 +49,14 @@ def size_config(config: Config, size: int, primary: bool) -> Config:
 
 
 def window_steps(config: Config, size: int) -> int:
-    """Steps a window of a smaller size's search measures: the primary's steps a window (whole
-    ones, ``measure_steps // windows``, as its search takes them), scaled by the size and rounded
-    up, at least one. At a fixed global batch each of ``size`` workers does
+    """Steps a window of a smaller size's search measures: the primary's steps a window (the
+    shortest, ``train_fns.plan.steps_per_window``, as its search takes them), scaled by the
+    size and rounded up, at least one. At a fixed global batch each of ``size`` workers does
     ``num_workers / size`` times the primary's work per step, so a window of as many steps
     would take that much longer for no more certainty: a window's noise is the machine's over
     its seconds (and the race's pairs, half the smaller size's time at equal steps, are
     windows too)."""
-    primary = config.search.measure_steps // config.search.windows
+    primary = steps_per_window(config.search.measure_steps, config.search.windows)
     return max(1, math.ceil(primary * size / config.cluster.num_workers))
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from orchestrator.config import Config, dump_config
-from orchestrator.placement import mixed_placements
+from orchestrator.cluster.placement import mixed_placements
+from orchestrator.config.schema import Config, dump_config
+from orchestrator.config.study_storage import without_password
 from orchestrator.runfiles import (
     BEST_ENV,
     BEST_YAML,
@@ -28,8 +29,7 @@ from orchestrator.runfiles import (
     write_atomic,
 )
 from orchestrator.search.study import INTERRUPTED
-from orchestrator.storage import without_password
-from orchestrator.verdict import Verdict
+from orchestrator.verdict.decide import Verdict
 from search_spaces import SearchSpace, lossy_knobs
 from train_fns import metrics as m
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator.config import Config
-from orchestrator.storage import choose
+from orchestrator.config.schema import Config
+from orchestrator.config.study_storage import choose
 from train_fns import metrics as m
 
 INTERRUPTED = "interrupted"
@@ -24,7 +24,7 @@ REQUEUE = "requeue"
 
 
 def open_storage(config: Config, out: Path) -> optuna.storages.BaseStorage:
-    """The storage ``orchestrator.storage.choose`` picks (its rules live there)."""
+    """The storage ``orchestrator.config.study_storage.choose`` picks (its rules live there)."""
     return choose(config.search.storage, out).open()
 
 

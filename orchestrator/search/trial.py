@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import Config
-from orchestrator.costmodel import comm_bound
-from orchestrator.placement import group_nodes
-from orchestrator.plans import plan_from_config
+from orchestrator.cluster.placement import group_nodes
+from orchestrator.cluster.workers import say
+from orchestrator.config.schema import Config
+from orchestrator.planning.costmodel import comm_bound
+from orchestrator.planning.from_config import plan_from_config
 from orchestrator.search.correctness import guard_check
 from orchestrator.search.group_run import START, GroupRun, slowest_start
-from orchestrator.workers import say
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.hold import hold

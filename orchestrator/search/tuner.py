@@ -22,7 +22,8 @@ from ray import tune
 from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
-from orchestrator.placement import choose_nodes, trial_resources
+from orchestrator.cluster.placement import choose_nodes, trial_resources
+from orchestrator.cluster.session import driver_queue
 from orchestrator.runfiles import Board
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.outcome import prune_threshold
@@ -41,7 +42,6 @@ from orchestrator.search.trial import (
     run_group,
     sampled_params,
 )
-from orchestrator.session import driver_queue
 from train_fns import metrics as m
 
 OBJECTIVE = m.SAMPLES_PER_S

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from orchestrator.config import ConfigError
+from orchestrator.config.schema import ConfigError
 from orchestrator.runfiles import BEST_YAML
 from orchestrator.submit.jobs import (
     COMMANDS,

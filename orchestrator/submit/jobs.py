@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from orchestrator import search, train
-from orchestrator.address import check_reachable
-from orchestrator.config import Config
-from orchestrator.inputs import parse_env_items
+from orchestrator.config.address import check_reachable
+from orchestrator.config.inputs import parse_env_items
+from orchestrator.config.schema import Config
 from orchestrator.submit.staging import absolute_inputs, stage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from orchestrator.config import Config, ConfigError, dump_config
+from orchestrator.config.schema import Config, ConfigError, dump_config
 
 INPUTS = "_commtune_inputs"
 """The staged folder, inside the job's working directory."""

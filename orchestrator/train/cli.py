@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, load_config
-from orchestrator.inputs import check_out_dir
-from orchestrator.plans import absolute_paths, check_model
+from orchestrator.cluster.session import check_ray_address
+from orchestrator.config.inputs import check_out_dir
+from orchestrator.config.schema import Config, ConfigError, load_config
+from orchestrator.config.size_entries import check_batch_fits, workers_range
+from orchestrator.planning.from_config import absolute_paths, check_model
 from orchestrator.runfiles import (
     BEST_YAML,
     EVENTS_JSONL,
@@ -33,10 +35,8 @@ from orchestrator.runfiles import (
     read_csv,
     write_summary,
 )
-from orchestrator.session import check_ray_address
-from orchestrator.sizes import check_batch_fits, workers_range
-from train_fns.elastic import read_state
 from train_fns.metrics import STATE_FILE
+from train_fns.restart import read_state
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -3,7 +3,7 @@
 Workers may come and go: a failed worker group restarts from the latest checkpoint (within
 ``train.max_failures``), a lost node shrinks the group to what is left (with a worker range)
 and a new node grows it again; each start re-splits the global batch exactly
-(``train_fns.elastic``).
+(``train_fns.restart``).
 """
 
 from __future__ import annotations
@@ -14,24 +14,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError, TrainConfig
-from orchestrator.plans import check_reductions, plan_from_config, resolve_task
-from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
-from orchestrator.session import (
+from orchestrator.cluster.session import (
     alive_nodes,
     check_capacity,
     driver_queue,
+    expected_layout,
     quiet_libraries,
     resolve_gpu,
     start_ray,
 )
-from orchestrator.sizes import expected_layout, fit_context, fit_range, run_entries
+from orchestrator.cluster.workers import Fit, GroupSpec, Heartbeat, torch_trainer
+from orchestrator.config.schema import Config, ConfigError, TrainConfig
+from orchestrator.config.size_entries import fit_context, fit_range, run_entries
+from orchestrator.planning.from_config import check_reductions, plan_from_config, resolve_task
+from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
-from orchestrator.workers import Fit, GroupSpec, Heartbeat, torch_trainer
-from train_fns.elastic import RunSpec
 from train_fns.plan import InfeasiblePlan, TrialPlan
-from train_fns.sizes import Fitted, plan_of
+from train_fns.restart import RunSpec
+from train_fns.size_fit import Fitted, plan_of
 
 START, STEP = "start", "step"
 """Phases of a training run a stall is recorded in."""

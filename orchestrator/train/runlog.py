@@ -37,7 +37,8 @@ PROGRESS_COLUMNS = (
     m.EXPOSED_COMM_S, m.COMPUTE_S, m.GRAD_NORM, m.LOSS_SCALE, m.LR, m.CHECKPOINT_STEP,
     "entry_size", "searched_samples_per_s",
 )  # fmt: skip
-"""``entry_size``: the world size whose tuned entry the step ran (``orchestrator.sizes``);
+"""``entry_size``: the world size whose tuned entry the step ran
+(``orchestrator.config.size_entries``);
 ``searched_samples_per_s``: what the search measured for that entry."""
 BOARD_COLUMNS = (m.LOSS, m.SAMPLES_PER_S, m.STEP_TIME_S, m.WORLD_SIZE, m.ACCUMULATION_STEPS,
                  m.GRAD_NORM, m.LR)  # fmt: skip

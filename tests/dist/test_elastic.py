@@ -14,9 +14,9 @@ from _spawn import run_distributed
 from _tiny import CPU, TINY_BERT, tiny_plan
 
 from train_fns import metrics as m
-from train_fns.elastic import RunSpec, load_checkpoint, plan_for_world
 from train_fns.loop import build_runner
 from train_fns.plan import TrialPlan
+from train_fns.restart import RunSpec, load_checkpoint, plan_for_world
 from train_fns.trainer import ElasticTrainer
 
 DROPOUT = {**TINY_BERT, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}

@@ -104,7 +104,7 @@ def test_every_rank_reports_every_window(
             accumulation = CONFIGS[config].get("accumulation_steps", 1)
             assert (setup.pop("reference_s") > 0) == (accumulation == 1)
             assert all(seconds > 0 for seconds in setup.values())
-            assert 0 < report[m.WINDOW_WALL_S] and report[m.GLOBAL_STEP_TIME_S] > 0
+            assert report[m.WINDOW_WALL_S] > 0 and report[m.GLOBAL_STEP_TIME_S] > 0
     # The loss is averaged across ranks, so every rank reports the same value.
     losses = [[r[m.LOSS] for r in results[config]] for results in reports_by_rank]
     assert losses[0] == losses[1]

@@ -14,9 +14,9 @@ from _spawn import run_distributed
 from _tiny import CPU, tiny_plan
 
 from train_fns import metrics as m
-from train_fns.elastic import RunSpec
 from train_fns.loop import run_training
 from train_fns.ranks import reduce_over_ranks
+from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
 
 

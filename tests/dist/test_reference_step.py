@@ -5,7 +5,6 @@ trace in the step after it: under FSDP2 its unsynced gradient sat in FSDP2's own
 from __future__ import annotations
 
 import pytest
-import torch
 from _spawn import full_gradients, run_distributed
 from _tiny import CPU, tiny_plan
 

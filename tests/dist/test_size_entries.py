@@ -15,7 +15,7 @@ from _tiny import tiny_plan
 
 import train_fns.trainer as trainer_module
 from train_fns import metrics as m
-from train_fns.elastic import RunSpec
+from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
 
 CPU_RUN = {"global_batch": 8, "strategy": "ddp", "use_gpu": False}

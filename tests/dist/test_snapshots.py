@@ -14,8 +14,8 @@ from _tiny import CPU, example_plan, tiny_plan
 
 from train_fns import metrics as m
 from train_fns import snapshots
-from train_fns.elastic import RunSpec
 from train_fns.plan import DDPOptions
+from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
 
 STEPS = 6

@@ -15,7 +15,7 @@ from _spawn import run_distributed
 from _tiny import CPU, tiny_plan
 
 from train_fns import metrics as m
-from train_fns.elastic import RunSpec
+from train_fns.restart import RunSpec
 
 PHASE_COLUMNS = (m.DATA_S, m.OPTIM_S, m.EXPOSED_COMM_S, m.COMPUTE_S)
 STEPS, EVERY = 6, 3

@@ -19,8 +19,8 @@ from _tiny import CPU, tiny_plan
 from search_spaces._nccl import NVLS_REDUCTIONS
 from train_fns import metrics as m
 from train_fns import ranks
-from train_fns.elastic import RunSpec
 from train_fns.loop import run_training
+from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
 
 NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}

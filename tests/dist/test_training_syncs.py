@@ -10,8 +10,8 @@ from _spawn import run_distributed
 from _tiny import CPU, tiny_plan
 
 from train_fns import metrics as m
-from train_fns.elastic import RunSpec
 from train_fns.ranks import side_group
+from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
 
 REPORT_EVERY = 4

@@ -150,7 +150,7 @@ def _resume(rank: int, world_size: int, folder: str) -> list[float]:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from train_fns.elastic import load_checkpoint, save_checkpoint
+    from train_fns.restart import load_checkpoint, save_checkpoint
 
     def build() -> tuple:
         torch.manual_seed(0)

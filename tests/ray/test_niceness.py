@@ -1,5 +1,5 @@
 """The local Ray's workers run at niceness 0, not Ray's 15: a measured window must not yield
-its core to whatever else runs on the machine (orchestrator.session.WORKER_NICENESS)."""
+its core to whatever else runs on the machine (orchestrator.cluster.session.WORKER_NICENESS)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from orchestrator.config import Config
-from orchestrator.session import WORKER_NICENESS, start_ray
+from orchestrator.cluster.session import WORKER_NICENESS, start_ray
+from orchestrator.config.schema import Config
 
 
 def test_the_local_rays_tasks_and_actors_run_at_the_set_niceness(

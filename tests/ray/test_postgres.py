@@ -53,7 +53,7 @@ def test_a_pickled_storage_holds_no_password(pg: Server) -> None:
     """Ray Tune pickles the searcher and its study into tune/tuner.pkl in --out."""
     import pickle
 
-    from orchestrator.storage import choose
+    from orchestrator.config.study_storage import choose
 
     opened = choose(pg.url("postgres"), Path("."))
     assert PASSWORD.encode() not in pickle.dumps(opened.open())

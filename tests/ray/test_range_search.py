@@ -15,7 +15,7 @@ from pathlib import Path
 import _procs
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
 from orchestrator.search.results import TIMING_PARTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the search's own limit is 780 s

@@ -11,8 +11,8 @@ import pytest
 from _search import FAST, Holds, interrupt_in_second_trial
 from _search import cli as _cli
 
-from orchestrator.search.finalists import write_rows
-from orchestrator.verdict import verdict_from_rows
+from orchestrator.runfiles.remeasure import write_remeasure
+from orchestrator.verdict.decide import verdict_from_rows
 
 DEADLINE_S = 15
 
@@ -124,7 +124,7 @@ def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path)
     line = verdict_from_rows(record).line()
     assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
     cut = [r for r in record if r["pair"] == "" or int(r["pair"]) < 2]
-    write_rows(out / "remeasure.csv", cut)
+    write_remeasure(out / "remeasure.csv", cut)
     on = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
     assert on.returncode == 0, on.stdout[-3000:] + on.stderr[-3000:]
     assert "measuring trial(s) 1 on from their pairs" in on.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
 from orchestrator.runfiles import storage_dir
 from orchestrator.search.proposer import Proposer, make_sampler
 from orchestrator.search.results import records

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.session import worker_topology
+from orchestrator.cluster.session import worker_topology
 
 
 def test_topology_is_read_in_a_ray_task_on_a_worker_node(ray_local: None) -> None:

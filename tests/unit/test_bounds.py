@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.config import ConfigError, SearchConfig
+from orchestrator.cluster.workers import Heartbeat
+from orchestrator.config.schema import ConfigError, SearchConfig
 from orchestrator.search.group_run import (
     MEASURE,
     START,
@@ -16,7 +17,6 @@ from orchestrator.search.group_run import (
     slowest_start,
     waiting_on,
 )
-from orchestrator.workers import Heartbeat
 from train_fns import metrics as m
 
 

@@ -24,7 +24,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-from orchestrator.session import WORKER_NICENESS
+from orchestrator.cluster.session import WORKER_NICENESS
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS_FILE = ROOT / "cluster.yaml"

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigError, dump_config, load_config, parse_set, preset_names
+from orchestrator.config.schema import (
+    ConfigError,
+    dump_config,
+    load_config,
+    parse_set,
+    preset_names,
+)
 from orchestrator.search.cli import main, parse_faults
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""docs/configuration.md cannot drift from ``orchestrator/config.py``: every key of the Config
+"""docs/configuration.md cannot drift from ``orchestrator/config/schema.py``: every key of the
+Config
 dataclasses has a row there with its default and range, and every row names a key that exists."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.bounds import BOUNDS
-from orchestrator.config import Config
+from orchestrator.config.bounds import BOUNDS
+from orchestrator.config.schema import Config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `([a-z_.]+)` \| `([^`]*)` \|([^|]*)\| .+ \|$")

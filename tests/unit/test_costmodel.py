@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.costmodel import (
+from orchestrator.planning.costmodel import (
     DEFAULT_BUCKET_BYTES,
     LINKS,
     NET_100G,
@@ -202,7 +202,7 @@ def test_rejects_nonsense() -> None:
 
 
 def test_link_from_probe_rows() -> None:
-    from orchestrator.costmodel import link_from_probe
+    from orchestrator.planning.costmodel import link_from_probe
 
     rows = [
         {"op": "all_gather", "size_bytes": "1024", "world_size": "2", "time_s": "1",

@@ -14,7 +14,7 @@ from orchestrator.search.study import (
     counted,
     requeue_interrupted,
 )
-from orchestrator.verdict import Run, judge
+from orchestrator.verdict.decide import Run, judge
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 from train_fns.loop import should_prune
@@ -119,7 +119,7 @@ def test_a_stopped_search_leaves_no_open_trial_and_resume_queues_them_once(tmp_p
 
 
 def test_storage_urls_and_journal_files(tmp_path) -> None:
-    from orchestrator.config import load_config
+    from orchestrator.config.schema import load_config
     from orchestrator.search.study import open_storage
 
     default = open_storage(load_config(preset="smoke"), tmp_path)
@@ -164,7 +164,7 @@ def test_a_resume_with_nothing_owed_leaves_no_open_trial(tmp_path, capsys) -> No
     its trials (queued, it would stay WAITING: no search runs to take it)."""
     from types import SimpleNamespace
 
-    from orchestrator.config import load_config
+    from orchestrator.config.schema import load_config
     from orchestrator.search.pipeline import _tune
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from benchmarks.delivered import configs, judged, read_verdict, started_from, trial_config
-from orchestrator.paired import PairedRatio
+from orchestrator.verdict.paired import PairedRatio
 
 
 def test_a_run_without_a_race_says_there_is_no_verdict_to_check(tmp_path: Path) -> None:

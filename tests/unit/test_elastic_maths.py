@@ -7,8 +7,8 @@ import math
 import pytest
 
 from train_fns.adaptive import AdaptiveAccumulation, Split
-from train_fns.elastic import NoSplit, RunSpec, plan_for_world, step_seed, wait_for_split
 from train_fns.plan import TrialPlan, resplit
+from train_fns.restart import NoSplit, RunSpec, plan_for_world, step_seed, wait_for_split
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.inputs import parse_env_items
+from orchestrator.config.inputs import parse_env_items
+from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.probe.sweep import probe_config
 from search_spaces import (
     SearchContext,

@@ -8,7 +8,7 @@ import dataclasses
 import optuna
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
 from orchestrator.search.outcome import MIN_NOISE
 from orchestrator.search.proposer import Proposer
 from orchestrator.search.trial import OUTCOME, TRIAL_NUMBER, WORK, TrialContext

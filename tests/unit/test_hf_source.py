@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigError, from_dict
+from orchestrator.config.schema import ConfigError, from_dict
 from train_fns import hf_source
 from train_fns.model_presets import POSITION_KEYS
 

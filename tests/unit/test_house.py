@@ -1,5 +1,6 @@
 """The shape of the house, read from the imports (function-local ones included): no import
-circle anywhere, and the worker side never imports the driver side."""
+circle anywhere, between modules or between packages, and the worker side never imports the
+driver side."""
 
 from __future__ import annotations
 
@@ -75,6 +76,78 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle() -> None:
     assert circles(graph()) == []
+
+
+def package_of(module: str) -> str:
+    """A module's package as the architecture page draws it: ``orchestrator.<sub>`` for a
+    subpackage of orchestrator, else the top-level package (the face ``orchestrator`` too)."""
+    parts = module.split(".")
+    if (
+        parts[0] == "orchestrator"
+        and len(parts) > 1
+        and (ROOT / "orchestrator" / parts[1]).is_dir()
+    ):
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` between modules as edges between their packages (a package's own imports of
+    itself dropped)."""
+    out: dict[str, set[str]] = {}
+    for mod, deps in edges.items():
+        out.setdefault(package_of(mod), set()).update(
+            package_of(d) for d in deps if package_of(d) != package_of(mod)
+        )
+    for deps in list(out.values()):
+        for dep in deps:
+            out.setdefault(dep, set())
+    return out
+
+
+def test_no_package_circle() -> None:
+    """Two packages that import each other are one package in two folders, whichever modules
+    the imports run between (no module circle needed)."""
+    assert circles(package_graph(graph())) == []
+
+
+def test_a_package_circle_is_found_without_a_module_circle() -> None:
+    edges = {"train_fns.a": {"search_spaces.b"}, "search_spaces.c": {"train_fns.d"},
+             "train_fns.d": set(), "search_spaces.b": set()}  # fmt: skip
+    assert circles(edges) == []
+    assert circles(package_graph(edges)) == [["search_spaces", "train_fns"]]
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    """``search_spaces._nccl`` is the package's own: another package uses its face or a public
+    module (``search_spaces.knobs``, ``search_spaces.guarded_yaml``)."""
+    private = {
+        mod: sorted(d for d in deps if package_of(d) != package_of(mod)
+                    and any(part.startswith("_") for part in d.split(".")))
+        for mod, deps in graph().items()
+    }  # fmt: skip
+    assert {mod: deps for mod, deps in private.items() if deps} == {}
+
+
+YAML_READERS = {"safe_load", "load", "full_load", "unsafe_load", "load_all", "safe_load_all"}
+
+
+def test_yaml_is_read_in_one_module() -> None:
+    """Every YAML file a user hands commtune is read capped and guarded, by
+    ``search_spaces.guarded_yaml`` alone; other modules call its ``load_yaml``."""
+    readers = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if module_name(path) == "search_spaces.guarded_yaml":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                called = (isinstance(node, ast.Attribute) and node.attr in YAML_READERS
+                          and isinstance(node.value, ast.Name) and node.value.id == "yaml")
+                imported = (isinstance(node, ast.ImportFrom) and node.module == "yaml"
+                            and any(a.name in YAML_READERS for a in node.names))  # fmt: skip
+                if called or imported:
+                    readers.append(f"{module_name(path)}:{node.lineno}")
+    assert readers == []
 
 
 def test_the_circle_finder_finds_one() -> None:

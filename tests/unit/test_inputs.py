@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from orchestrator import runfiles
-from orchestrator.bounds import BOUNDS
-from orchestrator.config import Config, ConfigError, from_dict, load_config
-from orchestrator.inputs import check_out_dir, parse_set, read_yaml
+from orchestrator.config.bounds import BOUNDS
+from orchestrator.config.inputs import check_out_dir, parse_set, read_yaml
+from orchestrator.config.schema import Config, ConfigError, from_dict, load_config
 from orchestrator.probe import cli as probe
 from orchestrator.report import cli as report
 from orchestrator.search.cli import main
 from orchestrator.train import cli as train
-from search_spaces._yaml import MAX_DEPTH, load_yaml, read_capped
+from search_spaces.guarded_yaml import MAX_DEPTH, load_yaml, read_capped
 from train_fns.model_presets import MODEL_PRESETS, declared_positions
 
 ROOT = Path(__file__).resolve().parents[2]

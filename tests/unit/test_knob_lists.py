@@ -1,8 +1,7 @@
-"""A plan knob's name lives in three lists: what a space may sample (``search_spaces._env``
-``PLAN_KNOBS``), what ``best.yaml``'s ``tuned`` may hold (``orchestrator.inputs`` ``TUNED_KNOBS``)
-and the fields a worker runs (``train_fns.plan``: ``DDPOptions``, ``FSDPOptions`` and a few of
-``TrialPlan``'s own). Nothing else keeps them in step, so this does: a knob added to one list
-and not the others fails here, naming it (docs/recipes.md, "Add a plan knob")."""
+"""Every plan knob is declared once (``search_spaces.knobs.KNOBS``) and every list derives
+from it; what is checked here is what the registry cannot say by itself: that each of its knobs
+reaches the plan field a worker reads, and that every TrialPlan field is either a registry knob
+or says where its value comes from (docs/recipes.md, "Add a plan knob")."""
 
 from __future__ import annotations
 
@@ -10,12 +9,10 @@ import dataclasses
 
 import pytest
 
-from orchestrator.config import Config, WorkloadConfig
-from orchestrator.inputs import TUNED_KNOBS
-from orchestrator.plans import plan_from_config
-from search_spaces import PLAN_KNOBS
-from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES, knob_defaults
-from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
+from orchestrator.config.schema import Config, WorkloadConfig
+from orchestrator.planning.from_config import plan_from_config
+from search_spaces.knobs import CHOICE, KNOBS, PLAN, RANGE, RESHARD, Knob, knobs_of
+from train_fns.plan import TrialPlan
 
 NOT_KNOBS = {
     # what is trained, from the config's workload section (the same in every trial)
@@ -60,58 +57,42 @@ def _names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def plan_knob_fields() -> set[str]:
-    """The knobs as the worker sees them: every DDP and FSDP option, and TrialPlan's own
-    fields that are neither configuration nor measurement settings."""
-    return _names(DDPOptions) | _names(FSDPOptions) | (_names(TrialPlan) - set(NOT_KNOBS))
-
-
 def test_every_trial_plan_field_is_a_knob_or_says_where_it_comes_from() -> None:
     stale = set(NOT_KNOBS) - _names(TrialPlan)
     assert not stale, f"NOT_KNOBS names fields TrialPlan no longer has: {sorted(stale)}"
+    own = _names(TrialPlan) - set(NOT_KNOBS)
+    registry = {k.name for k in knobs_of(PLAN)}
+    assert own == registry, (
+        f"TrialPlan fields that are no registry knob (add to search_spaces.knobs or NOT_KNOBS): "
+        f"{sorted(own - registry)}; registry knobs of home 'plan' TrialPlan lacks: "
+        f"{sorted(registry - own)}"
+    )
 
 
-def test_the_three_knob_lists_agree() -> None:
-    spaces, tuned, plan = set(PLAN_KNOBS), set(TUNED_KNOBS), plan_knob_fields()
-    drift = {
-        "missing from search_spaces._env PLAN_KNOBS": (tuned | plan) - spaces,
-        "missing from orchestrator.inputs TUNED_KNOBS": (spaces | plan) - tuned,
-        "missing from train_fns.plan (a field, or a new TrialPlan field not in NOT_KNOBS)": (
-            (spaces | tuned) - plan
-        ),
-    }
-    assert spaces == tuned == plan, "; ".join(f"{k}: {sorted(v)}" for k, v in drift.items() if v)
+def test_each_knob_takes_its_default() -> None:
+    """A knob's default is among the values it takes, so an unsampled knob runs."""
+    for knob in KNOBS:
+        if knob.values and knob.takes == CHOICE:
+            assert knob.default in knob.values, knob.name
+        elif knob.values:
+            assert knob.values[0] <= knob.default <= knob.values[1], knob.name
+        assert set(knob.lossy) <= set(knob.values), knob.name
 
 
-def test_knobs_with_fixed_choices_and_lossy_values_are_plan_knobs() -> None:
-    assert set(KNOB_CHOICES) <= PLAN_KNOBS
-    assert set(LOSSY_VALUES) <= set(KNOB_CHOICES)
-    for knob, values in LOSSY_VALUES.items():
-        assert set(values) <= set(KNOB_CHOICES[knob]), knob
+def other_value(knob: Knob) -> object:
+    """A value of ``knob`` other than its default, valid on 4 GPU workers in bf16: the second
+    choice, twice a range's default, the other flag, or 2 ranks to reshard to."""
+    if knob.takes == CHOICE:
+        return next(v for v in knob.values if v != knob.default)
+    if knob.takes == RANGE:
+        return type(knob.default)(knob.default * 2)
+    if knob.takes == RESHARD:
+        return 2
+    return not knob.default
 
 
-SAMPLE = {
-    "strategy": "fsdp",
-    "accumulation_steps": 2,
-    "bucket_cap_mb": 50.0,
-    "gradient_as_bucket_view": True,
-    "static_graph": True,
-    "broadcast_buffers": False,
-    "find_unused_parameters": True,
-    "comm_hook": "bf16",
-    "reshard_after_forward": 2,
-    "reduce_dtype": "bf16",
-    "forward_prefetch": 2,
-    "backward_prefetch": 1,
-    "hsdp": True,
-    "activation_checkpointing": True,
-    "adamw_impl": "fused",
-}
-"""A value other than the default for each knob, valid on 4 GPU workers in bf16."""
-
-
-def test_the_sample_covers_every_knob() -> None:
-    assert set(SAMPLE) == set(PLAN_KNOBS), "add the new knob to SAMPLE with a non-default value"
+SAMPLE = {k.name: other_value(k) for k in KNOBS}
+"""A value other than the default for each registry knob."""
 
 
 @pytest.mark.parametrize("knob", sorted(SAMPLE))
@@ -129,11 +110,3 @@ def _field(plan: TrialPlan, knob: str) -> object:
         if knob in _names(type(getattr(plan, group))):
             return getattr(getattr(plan, group), knob)
     return getattr(plan, knob)
-
-
-def test_every_knob_but_strategy_has_a_default_for_conditions() -> None:
-    """``knob_defaults`` (what a condition sees of a knob whose space is not loaded) is a fourth
-    list. ``strategy`` is the one knob without an entry: a condition reads it from the context
-    (the config's fixed ``strategy``, ``SearchContext.values``) or from the strategy space,
-    never from a default."""
-    assert set(knob_defaults()) == PLAN_KNOBS - {"strategy"}

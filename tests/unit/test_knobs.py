@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.plans import plan_from_config
+from orchestrator.config.schema import ConfigError, load_config
+from orchestrator.planning.from_config import plan_from_config
 from orchestrator.search.results import TrialRecord, write_outputs
 from search_spaces import SearchContext, SearchSpace, SpaceError, load_spaces
 from search_spaces._expr import parse_condition

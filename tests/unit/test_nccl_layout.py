@@ -14,7 +14,7 @@ from orchestrator.search.outcome import classify_failure
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
-from train_fns.sizes import Layout, fit
+from train_fns.size_fit import Layout, fit
 
 MIB = 1024**2
 NVLS_VALUES = {"allreduce:nvls", "allreduce:nvlstree"}

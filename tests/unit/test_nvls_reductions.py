@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import load_config
-from orchestrator.plans import plan_from_config
+from orchestrator.config.schema import load_config
+from orchestrator.planning.from_config import plan_from_config
 from search_spaces._nccl import nvls_only, unreducible
 from train_fns.plan import InfeasiblePlan
 

@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.plans import check_model
+from orchestrator.config.schema import ConfigError, load_config
+from orchestrator.planning.from_config import check_model
 from orchestrator.search.cli import main
 from orchestrator.train import cli as train
 

@@ -11,11 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.paired import MIN_PAIRS, PairedRatio, pair_order, ratios_from_rows, t_quantile
+from orchestrator.runfiles.remeasure import as_text, write_remeasure
 from orchestrator.search import race as race_mod
-from orchestrator.search.finalists import as_text
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import (
+from orchestrator.verdict.decide import (
     KEEP,
     NO_GAIN,
     SLOWER,
@@ -23,6 +22,13 @@ from orchestrator.verdict import (
     decide,
     measured_on,
     verdict_from_rows,
+)
+from orchestrator.verdict.paired import (
+    MIN_PAIRS,
+    PairedRatio,
+    pair_order,
+    ratios_from_rows,
+    t_quantile,
 )
 from train_fns import metrics as m
 from train_fns.plan import TrialPlan
@@ -214,7 +220,7 @@ def test_the_race_drops_the_slower_and_keeps_racing_the_undecided() -> None:
     assert by[6].out.startswith("slower") and by[6].paired.pairs == 3
     assert by[5].out is None and by[7].out is None  # both kept racing: neither below the other
     rows = driven.race.rows
-    assert {r["pairing"] for r in rows} == {"window"} and len(rows) == 2 * 4 + 3 * 3 * 2
+    assert {r.pairing for r in rows} == {"window"} and len(rows) == 2 * 4 + 3 * 3 * 2
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -372,7 +378,7 @@ def test_measuring_on_starts_from_the_pairs_on_record(seed: int) -> None:
     assert 4 < entrant.measured <= 8 and groups[0][:2] == ["baseline", "trial5"]
     first_round = [s for s in race.slots if s.pair is not None][:2]
     assert [s.pair for s in first_round] == [4, 4] and first_round[0].who is race.base
-    assert [r["position"] for r in race.rows][0] == len(rows)
+    assert [r.position for r in race.rows][0] == len(rows)
     after = verdict_from_rows(rows + as_text(race.rows))
     (comp,) = after.comparisons
     assert comp.pairs == entrant.paired.pairs and comp.low == pytest.approx(entrant.paired.low)
@@ -412,7 +418,7 @@ def _measure_on(tmp_path, rows: list[dict[str, str]], delta: float = 0.02):  # n
     """``finalists.measure_on`` over ``rows`` as remeasure.csv, its groups ``_Steady``."""
     from orchestrator.search import finalists as fin
 
-    fin.write_rows(tmp_path / "remeasure.csv", rows)
+    write_remeasure(tmp_path / "remeasure.csv", rows)
     plan = TrialPlan(model="x", task=None, seq_len=8, global_batch=4, world_size=2,
                      accumulation_steps=1, micro_batch=2)  # fmt: skip
     search = SimpleNamespace(verdict_delta=delta, verdict_pairs=4, measure_steps=9, windows=3)
@@ -572,7 +578,7 @@ def test_the_looks_counted_are_those_that_paired() -> None:
 def test_the_noise_floor_keeps_lucky_agreement_from_deciding() -> None:
     """Four pairs that happen to agree within 2% on a machine whose windows scatter by 8%
     (the search measured it): without the floor a false keep, with it undecided."""
-    from orchestrator.paired import noise_floor
+    from orchestrator.verdict.paired import noise_floor
 
     lucky = (1.05, 1.07, 1.06, 1.08)
     assert decide(PairedRatio(lucky).low, PairedRatio(lucky).high, 0.02) == KEEP
@@ -588,7 +594,7 @@ def test_a_cv_from_fewer_or_more_windows_reads_as_three_would(windows: int) -> N
     """Searches of 2, 4 or 6 windows a trial at the same noise (windows of cv 5%, normal)
     give, in the median over many trials, the floor a search of three windows gives, within
     3%: uncorrected, two windows' would be 30% lower (a floor too low lets lucky pairs keep)."""
-    from orchestrator.paired import comparable_cv, noise_floor
+    from orchestrator.verdict.paired import comparable_cv, noise_floor
 
     rng = random.Random(windows)
 

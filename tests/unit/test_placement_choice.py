@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from orchestrator.config import ClusterConfig, ConfigError
-from orchestrator.placement import (
+from orchestrator.cluster.placement import (
     NODE_LABEL,
     PlacementError,
     choose_layout,
@@ -16,7 +15,8 @@ from orchestrator.placement import (
     mixed_placements,
     placement_label,
 )
-from orchestrator.session import check_placement
+from orchestrator.cluster.session import check_placement
+from orchestrator.config.schema import ClusterConfig, ConfigError
 
 EIGHT_GPU_NODES = [("b", 8), ("a", 8), ("c", 8)]
 
@@ -115,7 +115,7 @@ def test_a_strict_placement_the_cluster_cannot_give_is_a_config_error() -> None:
 def test_the_search_summary_warns_when_trials_ran_on_different_placements(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from orchestrator.config import Config
+    from orchestrator.config.schema import Config
     from orchestrator.search.results import TrialRecord, write_outputs
     from train_fns import metrics as m
 
@@ -134,7 +134,7 @@ def test_the_head_holds_the_trials_sliver_so_its_last_cpu_is_not_a_workers() -> 
     """The local twin: a 1-CPU head (where the Tune trial's 0.01 CPU is held) and two 1-CPU
     worker nodes. A bundle pinned to the head waited forever beside the sliver (every baseline
     was a hang in phase start): the workers go to the two other nodes."""
-    from orchestrator.placement import HEAD_RESOURCE, trial_resources
+    from orchestrator.cluster.placement import HEAD_RESOURCE, trial_resources
 
     def node(node_id: str, head: bool) -> dict:
         resources = {"CPU": 1.0, **({HEAD_RESOURCE: 1.0} if head else {})}
@@ -155,7 +155,7 @@ def test_a_trial_on_a_worker_node_leaves_that_nodes_last_cpu_alone() -> None:
     Ray puts it on a worker node: the group's workers go around it. Counted as whole, that
     node got a pinned worker that waited 300 s for a CPU it could not have (the local twin,
     three 1-CPU nodes: two of three trials hung in phase start)."""
-    from orchestrator.placement import HEAD_RESOURCE
+    from orchestrator.cluster.placement import HEAD_RESOURCE
 
     head = {"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0, HEAD_RESOURCE: 1.0}}
     nodes = [head, ray_node("a", 1), ray_node("b", 1), ray_node("c", 1)]

@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.costmodel import bus_factor
-from orchestrator.inputs import parse_env_items
+from orchestrator.config.inputs import parse_env_items
+from orchestrator.config.schema import Config, ConfigError
+from orchestrator.planning.costmodel import bus_factor
 from orchestrator.probe import cli as probe
 from orchestrator.probe.cli import Table
 from orchestrator.probe.sweep import (

@@ -8,8 +8,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.config import SAMPLERS, load_config
-from orchestrator.costmodel import LINKS, ModelSize
+from orchestrator.config.schema import SAMPLERS, load_config
+from orchestrator.planning.costmodel import LINKS, ModelSize
 from orchestrator.search import estimate, pipeline
 from orchestrator.search.context import context_for
 from orchestrator.search.proposer import (

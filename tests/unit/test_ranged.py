@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigError, dump_config, load_config
+from orchestrator.config.schema import ConfigError, dump_config, load_config
+from orchestrator.config.size_entries import sizes_to_tune, workers_range
 from orchestrator.search.ranged import read_entry, size_config, write_sizes
-from orchestrator.sizes import sizes_to_tune, workers_range
 
 HEADER = (
     "# commtune best configuration: trial 3, 210.50 samples/s\n"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.address import GRPC_ANSWER_S, check_reachable
-from orchestrator.config import Config, ConfigError
-from orchestrator.session import check_ray_address, start_ray
+from orchestrator.cluster.session import check_ray_address, start_ray
+from orchestrator.config.address import GRPC_ANSWER_S, check_reachable
+from orchestrator.config.schema import Config, ConfigError
 from orchestrator.submit import cli as submit
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import reclaim as r
+from orchestrator.cluster import reclaim as r
 
 NODE, OTHER = "n1", "n2"
 

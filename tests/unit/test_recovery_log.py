@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.train.run import snapshot_every
 from orchestrator.train.runlog import Restart, RunLog, snapshot_line
 from train_fns import metrics as m

@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from orchestrator.placement import gpu_uuids, group_nodes, pinnable
-from orchestrator.search.finalists import HEADER, _runs
+from orchestrator.cluster.placement import gpu_uuids, group_nodes, pinnable
+from orchestrator.runfiles.remeasure import COLUMNS
+from orchestrator.search.finalists import _runs
 from orchestrator.search.results import TrialRecord
 from train_fns import metrics as m
 
@@ -35,7 +36,7 @@ def test_the_nodes_to_pin_are_the_baselines_while_every_one_is_alive() -> None:
 def test_gpu_uuids_are_recorded_in_rank_order_and_empty_on_cpu() -> None:
     assert gpu_uuids(_places("a", "b")) == "GPU-a-0 GPU-b-1"
     assert gpu_uuids(_places("a", "b", gpu=False)) == ""
-    assert "gpus" in HEADER
+    assert "gpus" in COLUMNS
 
 
 def test_a_run_on_other_machines_of_the_same_shape_does_not_compare() -> None:

@@ -13,10 +13,10 @@ import optuna
 import pytest
 
 from orchestrator import findings, runfiles
+from orchestrator.config.study_storage import open_file
 from orchestrator.report import SECTIONS
 from orchestrator.report import cli as report
 from orchestrator.report.page import write_report
-from orchestrator.storage import open_file
 
 CHECKED_TAGS = {"html", "head", "body", "section", "h1", "h2", "table", "tr", "ol", "ul", "li"}
 TRIALS = (

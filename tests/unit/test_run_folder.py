@@ -1,6 +1,6 @@
 """The run folder is one module's: no other product module spells a run file's name, a
-run_info.json key or a summary.json key, and run_info.json reads back as the typed record it was
-written from.
+run_info.json key or a summary.json key, and run_info.json and remeasure.csv read back as the
+typed records they were written from.
 
 Docstrings may name files (they document); tests may too (they check the names a user sees).
 """
@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from orchestrator.runfiles import (
+    REMEASURE_CSV,
     RUN_INFO,
     WRITTEN_FILES,
     RunInfo,
@@ -21,6 +22,15 @@ from orchestrator.runfiles import (
     collect,
     read_run_info,
     update_run_info,
+)
+from orchestrator.runfiles.remeasure import (
+    BASELINE,
+    COLUMNS,
+    FINALIST,
+    GROUP,
+    WINDOW,
+    Remeasured,
+    write_remeasure,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,3 +161,27 @@ def test_a_hand_edited_run_info_reads_wrong_kinds_as_absent(tmp_path: Path) -> N
     update_run_info(tmp_path, RunInfo(backend="nccl"))
     assert json.loads((tmp_path / RUN_INFO).read_text())["future_key"] == [1, 2]
     assert collect([tmp_path]).run_info.backend == "nccl"
+
+
+def test_remeasure_rows_round_trip_through_the_typed_record(tmp_path: Path) -> None:
+    """The race and the group runs write ``Remeasured`` rows; the verdict, the report and the
+    doctor read the same rows back, whatever column order or text the file holds."""
+    rows = [
+        Remeasured(position=0, repeat=0, trial=0, role=BASELINE, state="complete",
+                   samples_per_s=101.5, windows=1, placement="2", pairing=WINDOW, pair=0,
+                   against=5, attempt=0, delta=0.02, floor=0.01, reference=100.0, race=1),
+        Remeasured(position=1, repeat=0, trial=5, role=FINALIST, state="oom", pairing=GROUP,
+                   disturbed="a slow run"),
+    ]  # fmt: skip
+    write_remeasure(tmp_path / REMEASURE_CSV, rows)
+    header = (tmp_path / REMEASURE_CSV).read_text().splitlines()[0]
+    assert header.split(",") == list(COLUMNS)
+    assert collect([tmp_path]).remeasure == rows
+
+
+def test_a_hand_edited_remeasure_value_reads_as_absent() -> None:
+    edited = {"position": "1.5", "trial": "five", "samples_per_s": "nan", "pair": " 3 ",
+              "role": "", "delta": "inf", "race": "2"}  # fmt: skip
+    row = Remeasured.from_row(edited)
+    assert (row.position, row.trial, row.samples_per_s, row.role, row.delta) == (None,) * 5
+    assert (row.pair, row.race) == (3, 2)

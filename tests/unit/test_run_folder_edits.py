@@ -180,13 +180,13 @@ def test_a_resume_whose_checkpoint_holds_the_last_step_trains_nothing(
 
 
 def test_the_remeasure_table_is_written_whole(tmp_path: Path) -> None:
-    from orchestrator.search import finalists
+    from orchestrator.runfiles.remeasure import write_remeasure
 
     keep = tmp_path / "held.csv"
     held_copy(tmp_path / REMEASURE_CSV, "old\n", keep)
     rows = [{"trial": 0, "role": "baseline", "state": "complete", "samples_per_s": 10.0},
             {"trial": 3, "role": "finalist", "state": "oom", "samples_per_s": None}]  # fmt: skip
-    finalists.write_rows(tmp_path / REMEASURE_CSV, rows)
+    write_remeasure(tmp_path / REMEASURE_CSV, rows)
     assert keep.read_text() == "old\n"
     rows = read_csv(tmp_path / REMEASURE_CSV)
     assert [(r["trial"], r["role"], r["samples_per_s"]) for r in rows] == [

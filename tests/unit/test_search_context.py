@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.search import pipeline
 from search_spaces import SearchSpace, load_spaces
 

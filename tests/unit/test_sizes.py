@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.sizes import fit_context, fit_range, run_entries
-from train_fns.sizes import Layout, apply_env, fit, nearest
+from orchestrator.config.schema import ConfigError, load_config
+from orchestrator.config.size_entries import fit_context, fit_range, run_entries
+from train_fns.size_fit import Layout, apply_env, fit, nearest
 
 GPU = {"global_batch": 48, "strategy": "fsdp", "use_gpu": True}
 CPU = {"global_batch": 48, "strategy": "ddp", "use_gpu": False}
@@ -205,7 +205,7 @@ def _trained(out, figures: dict[int, tuple[float, float]]) -> None:
 
 def test_a_size_below_its_own_searched_figure_is_flagged_by_log_report_and_doctor(tmp_path) -> None:
     from orchestrator.findings.rules import rule_size_below_searched
-    from orchestrator.report.sizes_section import section_by_size
+    from orchestrator.report.by_size import section_by_size
     from orchestrator.runfiles import collect
 
     _trained(tmp_path / "ok", {2: (1480.0, 1490.0), 1: (760.0, 800.0)})
@@ -222,7 +222,7 @@ def test_a_size_below_its_own_searched_figure_is_flagged_by_log_report_and_docto
 
 def test_hand_edited_per_size_figures_read_as_absent_not_as_a_crash() -> None:
     from orchestrator.findings.rules import rule_size_below_searched
-    from orchestrator.report.sizes_section import section_by_size
+    from orchestrator.report.by_size import section_by_size
     from orchestrator.runfiles import RunRecord, Summary, below_searched
 
     junk = [

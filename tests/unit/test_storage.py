@@ -8,8 +8,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.storage import (
+from orchestrator.config.schema import ConfigError, load_config
+from orchestrator.config.study_storage import (
     STUDY_DB,
     STUDY_JOURNAL,
     check,
@@ -175,7 +175,7 @@ def test_each_storage_kind_gets_the_hint_that_applies_to_it(tmp_path: Path) -> N
 
 
 def test_no_password_is_shown_from_the_query_or_in_a_drivers_words() -> None:
-    from orchestrator.storage import _line
+    from orchestrator.config.study_storage import _line
 
     assert "s3cr3t" not in redact("postgresql://u@h/db?password=s3cr3t&sslmode=require")
     said = RuntimeError("auth for abc!x failed;  double  space; port 5432 password p")

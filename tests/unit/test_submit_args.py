@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 import search_spaces
-from orchestrator.config import ConfigError
-from orchestrator.inputs import parse_env_items
+from orchestrator.config.inputs import parse_env_items
+from orchestrator.config.schema import ConfigError
 from orchestrator.submit import cli, jobs, transfer
 
 STAGED = ["--config", "_commtune_inputs/config.yaml"]

@@ -22,7 +22,13 @@ from train_fns.models import (
     default_task,
     resolve_model_config,
 )
-from train_fns.plan import DDPOptions, InfeasiblePlan, TrialPlan
+from train_fns.plan import (
+    DDPOptions,
+    InfeasiblePlan,
+    TrialPlan,
+    steps_per_window,
+    window_lengths,
+)
 from train_fns.precision import Precision
 from train_fns.strategies import apply_activation_checkpointing, canonical_name
 from train_fns.timing import StepTimer
@@ -232,6 +238,13 @@ def test_static_graph_with_accumulation_is_infeasible() -> None:
 def test_windows_split_measured_steps() -> None:
     assert window_ends(make_plan(warmup_steps=3, measure_steps=12, num_windows=3)) == [7, 11, 15]
     assert window_ends(make_plan(warmup_steps=0, measure_steps=5, num_windows=2)) == [3, 5]
+
+
+def test_the_driver_plans_with_the_shortest_window() -> None:
+    """The race, the 1-worker baseline and a smaller size's search read a window's steps from
+    the split the workers run, so an uneven split cannot make them disagree."""
+    assert window_lengths(5, 2) == [3, 2] and window_lengths(12, 3) == [4, 4, 4]
+    assert [steps_per_window(*a) for a in ((12, 3), (5, 2), (7, 3), (2, 3))] == [4, 2, 2, 1]
 
 
 def test_precision_autocast_and_nonfinite_count() -> None:

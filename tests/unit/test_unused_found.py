@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.config import load_config
-from orchestrator.plans import absolute_paths, check_model, plan_from_config
+from orchestrator.config.schema import load_config
+from orchestrator.planning.from_config import absolute_paths, check_model, plan_from_config
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns import tuned
 

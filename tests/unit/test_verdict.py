@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.runfiles.remeasure import write_remeasure
 from orchestrator.search import finalists as fin
 from orchestrator.search.results import TrialRecord
-from orchestrator.verdict import (
+from orchestrator.verdict.decide import (
     Comparison,
     Measure,
     Run,
@@ -21,6 +22,7 @@ from orchestrator.verdict import (
     runs_from_rows,
     verdict_from_rows,
 )
+from orchestrator.verdict.paired import MAD_SCALE, scaled_mad
 from train_fns import metrics as m
 
 # A default run with a neighbour busy for its first minute, as its remeasure.csv held it:
@@ -152,7 +154,7 @@ def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: P
     finally:
         mp.undo()
     assert len(calls) == 3 and calls[1] == [{"t": 0}] and calls[2] == [{"t": 0}]
-    fin.write_rows(tmp_path / "remeasure.csv", made)
+    write_remeasure(tmp_path / "remeasure.csv", made)
     rows = list(csv.DictReader((tmp_path / "remeasure.csv").open()))
     assert [(r["position"], r["repeat"]) for r in rows][-3:] == [("6", "0"), ("6", "1"), ("6", "2")]
     assert [bool(r["disturbed"]) for r in rows[-3:]] == [True, True, False]
@@ -165,7 +167,7 @@ def test_paired_runs_repeat_disturbed_runs_a_bounded_number_of_times(tmp_path: P
 
 
 def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -> None:
-    from orchestrator.config import Config
+    from orchestrator.config.schema import Config
     from orchestrator.search.results import write_outputs
     from search_spaces import SearchContext, SearchSpace, load_spaces
 
@@ -205,3 +207,10 @@ def test_a_run_placed_otherwise_than_the_baseline_is_not_compared() -> None:
     assert judge(runs, 3).chosen is None
     rows[1]["placement"] = "node0:8"
     assert runs_from_rows(rows)[0][1].samples_per_s == 150.0
+
+
+def test_the_scaled_mad_ignores_one_outlier() -> None:
+    """The spread both outlier tests read (the verdict's runs, the race's pairs): the median
+    deviation from the median, scaled to a normal standard deviation."""
+    assert scaled_mad([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(MAD_SCALE)
+    assert scaled_mad([5.0, 5.0, 5.0]) == 0.0

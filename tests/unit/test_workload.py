@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.config import ConfigError, load_config
-from orchestrator.plans import check_entrypoint, plan_from_config, workload_fields
+from orchestrator.config.schema import ConfigError, load_config
+from orchestrator.planning.from_config import check_entrypoint, plan_from_config, workload_fields
 from train_fns import tuned
 from train_fns.workload import (
     WorkloadError,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.costmodel import link_from_probe
+from orchestrator.planning.costmodel import link_from_probe
 from search_spaces import SearchContext, SearchSpace, load_spaces
 from train_fns.group import oom_verdict
 from train_fns.plan import InfeasiblePlan, TrialPlan, with_world_size
@@ -103,7 +103,7 @@ def test_run_info_records_the_workers_nccl_version_or_null_without_one(tmp_path)
 
 
 def test_fsdp_bf16_all_gathers_are_costed_at_two_bytes() -> None:
-    from orchestrator.costmodel import Link, comm_per_step
+    from orchestrator.planning.costmodel import Link, comm_per_step
 
     link = Link(1e10, 1e-5, "test")
     fp32 = comm_per_step("fsdp", 10**8, 4, 4, 1, True, link)

@@ -1,7 +1,8 @@
 """What a storage setting (``--storage`` / ``search.storage``) names, read in one place.
 
 A journal file (a path ending ``.log``/``.journal``) or a database URL. The config reads it
-when it loads (a mistake exits 2 with the rest of the config's) and ``orchestrator.storage``
+when it loads (a mistake exits 2 with the rest of the config's) and
+``orchestrator.config.study_storage``
 reads it again before it connects, so both say the same words, and a password never
 appears in them. Nothing here contacts a server: it may be reachable only from the cluster.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.inputs import ConfigError
+from orchestrator.config.inputs import ConfigError
 from orchestrator.runfiles import STUDY_DB
 
 if TYPE_CHECKING:

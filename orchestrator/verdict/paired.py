@@ -9,7 +9,7 @@ each adjacent pair: drift that is slow next to a window cancels. The pairs' orde
 A pair's ratio is treated as a sample: their geometric mean is the finalist's ratio, and the
 interval is Student's t on the log ratios (exact for normal noise, whatever the noise's size:
 nothing is assumed about the machine). The sequential rule that uses it (``decide`` in
-``orchestrator.verdict``) looks after every pair; the A/A benchmark
+``orchestrator.verdict.decide``) looks after every pair; the A/A benchmark
 (``benchmarks/calibration/aa_verdict.py``) measures how often that claims a gain where there is
 none.
 """
@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from orchestrator.runfiles.remeasure import BASELINE, FINALIST, WINDOW, Rows, read_rows
 
 MIN_PAIRS = 3
 """Pairs before any decision: two give a t quantile of 12.7 (an interval wider than any gain),
@@ -83,6 +85,14 @@ reference is the search's figure, not the race's fastest window (one window fast
 cast out every other)."""
 
 
+def scaled_mad(values: list[float]) -> float:
+    """The median absolute deviation from the median, times ``MAD_SCALE``: a spread in the
+    values' own units that one outlier cannot blow up (the standard deviation, for normal
+    noise). The disturbance test and the verdict's outlier test both read it."""
+    middle = statistics.median(values)
+    return MAD_SCALE * statistics.median(abs(v - middle) for v in values)
+
+
 @dataclass(frozen=True)
 class PairedRatio:
     """The ratios of a finalist's windows to their paired baseline windows, and what they say:
@@ -112,7 +122,7 @@ class PairedRatio:
             return tuple(sorted(slow))
         logs = [math.log(r) for r in self.ratios]
         middle = statistics.median(logs)
-        mad = MAD_SCALE * statistics.median(abs(x - middle) for x in logs)
+        mad = scaled_mad(logs)
         limit = DISTURBED_SPREADS * max(mad, SPREAD_FLOOR, self.floor)
         return tuple(k for k, x in enumerate(logs) if abs(x - middle) > limit or k in slow)
 
@@ -225,56 +235,42 @@ def comparable_cv(cv: float, windows: int) -> float:
 
 def pair_order(pair: int) -> tuple[str, str]:
     """Which of the two windows of pair ``pair`` (0, 1, ...) runs first: B c, then c B."""
-    return ("baseline", "finalist") if pair % 2 == 0 else ("finalist", "baseline")
+    return (BASELINE, FINALIST) if pair % 2 == 0 else (FINALIST, BASELINE)
 
 
-def recorded_positive(rows: list[dict[str, str]], column: str) -> float:
-    """The first positive finite value remeasure.csv records in ``column`` (the baseline's
-    search figure); 0.0 where no row holds one (an older file, or a hand-edited one)."""
-    return _first_recorded(rows, column, lambda v: 0 < v < math.inf, 0.0)
+def recorded_positive(values: Iterable[float | None]) -> float:
+    """The first positive finite value remeasure.csv records in a column (``r.reference for r
+    in rows``: the baseline's search figure); 0.0 where no row holds one (an older file, or a
+    hand-edited one)."""
+    return next((v for v in values if v is not None and 0 < v < math.inf), 0.0)
 
 
-def recorded_fraction(rows: list[dict[str, str]], column: str, default: float) -> float:
-    """The first value in [0, 1) that remeasure.csv records in ``column`` (δ, the noise floor);
-    ``default`` where no row holds one (an older file, or a hand-edited one)."""
-    return _first_recorded(rows, column, lambda v: 0 <= v < 1, default)
+def recorded_fraction(values: Iterable[float | None], default: float) -> float:
+    """The first value in [0, 1) that remeasure.csv records in a column (``r.delta for r in
+    rows``: δ, the noise floor); ``default`` where no row holds one (an older file, or a
+    hand-edited one)."""
+    return next((v for v in values if v is not None and 0 <= v < 1), default)
 
 
-def _first_recorded(
-    rows: list[dict[str, str]], column: str, accept: Callable[[float], bool], default: float
-) -> float:
-    for row in rows:
-        try:
-            value = float(row.get(column) or "nan")
-        except ValueError:
-            continue
-        if accept(value):
-            return value
-    return default
-
-
-def ratios_from_rows(rows: list[dict[str, str]]) -> dict[int, tuple[list[float], list[float]]]:
+def ratios_from_rows(rows: Rows) -> dict[int, tuple[list[float], list[float]]]:
     """remeasure.csv's window-paired rows back into, per finalist (its trial number), the
     ratios of its complete pairs and the baseline windows of those pairs; a pair with a
     window that did not complete, or whose windows come from different worker groups (the
     ``attempt`` column), is left out."""
     windows: dict[tuple[int, int, int], dict[str, float]] = {}
-    for row in rows:
-        if row.get("pairing") != "window" or row.get("pair") in (None, ""):
-            continue
-        try:  # a pair's two windows come from one worker group (its attempt)
-            key = (int(row["against"]), int(row["pair"]), int(row.get("attempt") or 0))
-            value = float(row["samples_per_s"]) if row.get("state") == "complete" else None
-        except (KeyError, TypeError, ValueError, OverflowError):
-            continue  # a hand-edited row: not evidence
-        if value is not None and value > 0 and math.isfinite(value):
-            windows.setdefault(key, {})[row.get("role") or ""] = value
+    for row in read_rows(rows):
+        if row.pairing != WINDOW or row.pair is None or row.against is None:
+            continue  # a pair's two windows come from one worker group (its attempt)
+        value = row.samples_per_s if row.state == "complete" else None
+        if value is not None and value > 0:
+            key = (row.against, row.pair, row.attempt or 0)
+            windows.setdefault(key, {})[row.role or ""] = value
     out: dict[int, tuple[list[float], list[float]]] = {}
     for (number, _pair, _attempt), found in sorted(windows.items()):
-        if "baseline" in found and "finalist" in found:
-            ratio = found["finalist"] / found["baseline"]
+        if BASELINE in found and FINALIST in found:
+            ratio = found[FINALIST] / found[BASELINE]
             if 0 < ratio < math.inf:
                 ratios, base = out.setdefault(number, ([], []))
                 ratios.append(ratio)
-                base.append(found["baseline"])
+                base.append(found[BASELINE])
     return out

@@ -7,7 +7,8 @@ one node, socket threads or an algorithm that needs several nodes) goes back to 
 by the same conditions the shipped search spaces put on the search, and each is named with why.
 The split is the entry's own at its size, else the largest micro-batch up to the entry's that
 divides the fixed global batch exactly. The driver fits every size of the elastic range before
-a worker starts (``orchestrator.sizes``); each start fits again to the layout it really got.
+a worker starts (``orchestrator.config.size_entries``); each start fits again to the layout it
+really got.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from orchestrator.runfiles import REPORT_HTML, WRITTEN_FILES
-from search_spaces._env import KNOB_CHOICES, LOSSY_VALUES
-from search_spaces._yaml import load_yaml, read_capped
+from search_spaces.guarded_yaml import load_yaml, read_capped
+from search_spaces.knobs import BOOL, BY_NAME, CHOICE, LOSSY_VALUES, RESHARD
 
 
 class ConfigError(ValueError):
@@ -34,22 +34,6 @@ class ConfigError(ValueError):
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """A run name becomes runs/<name>: one path component, no separators, no leading dot."""
-
-TUNED_KNOBS: dict[str, Any] = {
-    "strategy": ("ddp", "fsdp"),
-    "accumulation_steps": (1, 4096),
-    "bucket_cap_mb": (0.001, 65_536.0),
-    "gradient_as_bucket_view": bool,
-    "static_graph": bool,
-    "broadcast_buffers": bool,
-    "find_unused_parameters": bool,
-    "reshard_after_forward": "reshard",
-    "hsdp": bool,
-    "activation_checkpointing": bool,
-    **KNOB_CHOICES,
-}
-"""What ``tuned`` may hold (search_spaces.PLAN_KNOBS): choices, a range, a bool, or
-``reshard`` (true, false or a number of ranks)."""
 
 
 def check_range(key: str, value: Any, low: float, high: float) -> None:
@@ -72,22 +56,20 @@ def check_tuned(tuned: dict[str, Any], config: Any = None) -> None:
     """``tuned`` holds plan knobs (what best.yaml records): known names, values of their kind;
     with the ``config``, values that fit its workers, precision and opt-ins."""
     for key, value in tuned.items():
-        spec = TUNED_KNOBS.get(key)
-        if spec is None:
-            close = difflib.get_close_matches(str(key), TUNED_KNOBS, n=1)
+        knob = BY_NAME.get(key)
+        if knob is None:
+            close = difflib.get_close_matches(str(key), BY_NAME, n=1)
             hint = f"did you mean 'tuned.{close[0]}'? " if close else ""
-            raise ConfigError(
-                f"tuned.{key}", f"unknown knob; {hint}known: {', '.join(TUNED_KNOBS)}"
-            )
-        if spec is bool or (spec == "reshard" and isinstance(value, bool)):
+            raise ConfigError(f"tuned.{key}", f"unknown knob; {hint}known: {', '.join(BY_NAME)}")
+        if knob.takes == BOOL or (knob.takes == RESHARD and isinstance(value, bool)):
             if not isinstance(value, bool):
                 raise ConfigError(f"tuned.{key}", f"got {value!r}; use true or false")
-        elif spec == "reshard":
+        elif knob.takes == RESHARD:
             check_range(f"tuned.{key}", value, 2, 1 << 20)
-        elif key in KNOB_CHOICES or isinstance(spec[0], str):
-            check_choice(f"tuned.{key}", value, spec)
+        elif knob.takes == CHOICE:
+            check_choice(f"tuned.{key}", value, knob.values)
         else:
-            check_range(f"tuned.{key}", value, *spec)
+            check_range(f"tuned.{key}", value, *knob.values)
     if config is not None:
         _check_tuned_fit(tuned, config)
 
@@ -367,7 +349,7 @@ def _hf_positions(workload: Any) -> int | None:
 
     try:
         return max_positions(resolve_model_config(workload.model, workload.model_overrides))
-    except Exception:  # an override transformers refuses: orchestrator.overrides names its key
+    except Exception:  # an override transformers refuses: config.model_overrides names its key
         pass
     try:
         return max_positions(resolve_model_config(workload.model, {}))

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator.address import check_address
-from orchestrator.bounds import check_bounds
-from orchestrator.inputs import (
+from orchestrator.config.address import check_address
+from orchestrator.config.bounds import check_bounds
+from orchestrator.config.inputs import (
     ConfigError,
     check_choice,
     check_finite,
@@ -32,11 +32,14 @@ from orchestrator.inputs import (
     parse_set,
     read_yaml,
 )
-from orchestrator.placement import PACK, PLACEMENTS
-from orchestrator.sizes import check_sizes, check_world_sizes
-from orchestrator.storage_url import check_storage
+from orchestrator.config.size_entries import check_sizes, check_world_sizes
+from orchestrator.config.storage_url import check_storage
 
 PRESET_DIR = Path(__file__).parent / "presets"
+PACK, SPREAD = "pack", "spread"
+PLACEMENTS = (PACK, SPREAD)
+"""How a worker group's ranks are placed (``cluster.placement``; ``orchestrator.cluster.placement``
+places them)."""
 SAMPLERS = ("staged", "tpe", "random", "grid")
 STRATEGY_MODES = ("ddp", "fsdp", "search")
 USE_GPU_VALUES = ("auto", True, False)
@@ -91,7 +94,8 @@ class ClusterConfig:
     autoscaling: bool = False
     """True when the cluster grows on demand: too few resources now is then not an error."""
     placement: str = PACK
-    """How a worker group's ranks sit on the nodes, strictly (orchestrator.placement): ``pack``
+    """How a worker group's ranks sit on the nodes, strictly (orchestrator.cluster.placement):
+    ``pack``
     (one node when one holds them, else whole nodes) or ``spread`` (one rank per node, else as
     even as the nodes allow). Ray's soft default would let placement drift between trials."""
     nvswitch: bool = False
@@ -130,7 +134,8 @@ class SearchConfig:
     """A waiting search, training run or probe prints a plain line after this much silence."""
     storage: str | None = None
     """Optuna storage URL or journal path; default: SQLite ``study.db`` in the output folder
-    (the journal ``study.journal`` on a network file system; see ``orchestrator.storage``)."""
+    (the journal ``study.journal`` on a network file system; see
+    ``orchestrator.config.study_storage``)."""
     prune: bool = True
     """Stop a trial early when it is slower than the best by more than the measured noise."""
     early_stop: bool = True
@@ -277,7 +282,8 @@ class Config:
     tuned: dict[str, Any] = field(default_factory=dict)
     """Parameters chosen by a search (written into best.yaml); empty means defaults."""
     sizes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """A tuned entry per world size (``orchestrator.sizes``): what a resized run switches to."""
+    """A tuned entry per world size (``orchestrator.config.size_entries``): what a resized run
+    switches to."""
 
     def __post_init__(self) -> None:
         check_name("name", self.name)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.overrides import check_model_overrides
-from search_spaces._nccl import unreducible
+from orchestrator.config.model_overrides import check_model_overrides
+from orchestrator.config.schema import Config, ConfigError
+from search_spaces import unreducible
 from train_fns.plan import (
     InfeasiblePlan,
     TrialPlan,

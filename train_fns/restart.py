@@ -53,11 +53,12 @@ class RunSpec:
     progress_file: str | None = None
     """Rank 0 writes the last finished step here (a path the driver can read)."""
     entries: dict[int, dict[str, Any]] | None = None
-    """The tuned entry per world size (``orchestrator.sizes.run_entries``): each start runs
-    the one for its size, fitted to its layout (``train_fns.sizes``). None: ``plan`` at every
+    """The tuned entry per world size (``orchestrator.config.size_entries.run_entries``): each
+    start runs
+    the one for its size, fitted to its layout (``train_fns.size_fit``). None: ``plan`` at every
     size, re-split."""
     fit_context: dict[str, Any] | None = None
-    """What fitting an entry reads of the run (``orchestrator.sizes.fit_context``)."""
+    """What fitting an entry reads of the run (``orchestrator.config.size_entries.fit_context``)."""
     snapshot_every: int = 0
     """An in-memory snapshot every this many steps between checkpoints (``train_fns.snapshots``;
     0: none), where the worker has a keeper and the state weighs at most ``snapshot_max_mb``."""

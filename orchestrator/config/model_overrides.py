@@ -17,7 +17,7 @@ import difflib
 import re
 from typing import Any
 
-from orchestrator.inputs import ConfigError
+from orchestrator.config.inputs import ConfigError
 
 COUNTS = frozenset({
     "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",

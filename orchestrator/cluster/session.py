@@ -11,10 +11,11 @@ import math
 import os
 from typing import Any
 
-from orchestrator.address import check_reachable
-from orchestrator.config import ClusterConfig, Config, ConfigError
-from orchestrator.placement import TRIAL_CPU, PlacementError, layout_for
+from orchestrator.cluster.placement import TRIAL_CPU, PlacementError, layout_for
+from orchestrator.config.address import check_reachable
+from orchestrator.config.schema import ClusterConfig, Config, ConfigError
 from orchestrator.runfiles import topology
+from train_fns.size_fit import Layout
 
 
 def backend_name(use_gpu: bool) -> str:
@@ -228,3 +229,21 @@ def driver_queue() -> Any:
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+
+
+def expected_layout(
+    config: Config, use_gpu: bool, world: int, nodes: list[dict[str, Any]]
+) -> Layout:
+    """Where ``world`` ranks will sit on ``nodes`` (``ray.nodes()``) under the config's strict
+    placement. On a cluster that grows on demand, where the nodes it will place on are not up
+    yet, the ranks span the nodes alive (those with a GPU), at most one node per rank."""
+    cluster = config.cluster
+    try:
+        layout = layout_for(nodes, None, world, cluster.cpus_per_worker, use_gpu, cluster.placement)
+    except PlacementError:
+        alive = [n for n in nodes if n.get("Alive")]
+        if use_gpu:
+            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
+        return Layout(world, max(1, min(len(alive), world)))
+    counts = layout.ranks_per_node(world)
+    return Layout(world, len(counts), len(set(counts)) == 1)

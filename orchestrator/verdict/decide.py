@@ -4,7 +4,7 @@ from measurements taken side by side with the baseline's?
 A search compares trials measured minutes apart on a machine whose speed drifts; the final
 claim compares each finalist with baseline measurements right beside it, paired one of two ways:
 
-- **window** pairing (``orchestrator.paired``, ``search.race``): where the finalist differs
+- **window** pairing (``orchestrator.verdict.paired``, ``search.race``): where the finalist differs
   from the baseline only in what a warm worker group can switch, both stay built in the same
   processes and alternate window by window until the paired ratio's interval decides;
 - **group** pairing: where the switch needs new processes (NCCL variables), the runs are whole
@@ -29,15 +29,17 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.paired import (
+from orchestrator.runfiles import BEST_YAML
+from orchestrator.runfiles.remeasure import BASELINE, GROUP, WINDOW, Remeasured, Rows, read_rows
+from orchestrator.verdict.paired import (
     FUTILITY_CONFIDENCE,
     MIN_PAIRS,
     PairedRatio,
     ratios_from_rows,
     recorded_fraction,
     recorded_positive,
+    scaled_mad,
 )
-from orchestrator.runfiles import BEST_YAML
 
 DELTA = 0.02
 """The default noise threshold δ: a gain under 2% is not worth a configuration change, and a
@@ -48,7 +50,6 @@ SIGNIFICANCE = 2.0
 FUTILITY_SPREADS = statistics.NormalDist().inv_cdf(FUTILITY_CONFIDENCE)
 """Group pairing: the futility bound is this many spreads above the ratio (one-sided)."""
 KEEP, NO_GAIN, SLOWER, UNDECIDED = "keep", "no gain", "slower", "undecided"
-WINDOW, GROUP = "window", "group"
 PAIRINGS = {
     WINDOW: "paired windows in the same processes",
     GROUP: "paired runs in separate worker groups",
@@ -62,8 +63,6 @@ OUTLIER_SPREADS = 3.0
 OUTLIER_SPREAD_FLOOR = 0.01
 """The least relative spread the outlier test assumes (identical runs would make any
 difference an outlier)."""
-MAD_SCALE = 1.4826
-"""MAD x this estimates the standard deviation of normal noise."""
 HELPS = (
     "more pairs (search.verdict_pairs), a quieter machine, fewer finalists "
     "(search.remeasure_top), or a larger noise threshold (search.verdict_delta)"
@@ -266,7 +265,7 @@ def robust_spread(values: list[float]) -> float:
     med = statistics.median(values)
     if len(values) == 2:
         return abs(values[0] - values[1]) / math.sqrt(2) / med
-    return MAD_SCALE * statistics.median(abs(v - med) for v in values) / med
+    return scaled_mad(values) / med
 
 
 def disturbances(runs: list[Run]) -> list[list[str]]:
@@ -364,15 +363,16 @@ def window_comparison(
                       bound=paired.bound if decides else math.inf)  # fmt: skip
 
 
-def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) -> Verdict:
+def verdict_from_rows(rows: Rows, default_delta: float = DELTA) -> Verdict:
     """remeasure.csv's verdict: its window-paired finalists and its group-paired runs judged
     together, against the δ the file records (``default_delta`` where it records none)."""
-    delta = recorded_fraction(rows, "delta", default_delta)
-    group_rows = [r for r in rows if r.get("pairing", GROUP) in ("", GROUP)]
+    rows = read_rows(rows)
+    delta = recorded_fraction((r.delta for r in rows), default_delta)
+    group_rows = [r for r in rows if r.pairing in (None, GROUP)]
     runs, windows = runs_from_rows(group_rows) if group_rows else ([], 1)
     grouped = judge(runs, windows, delta) if runs else Verdict([], 0.0, [], delta)
-    found, floor = ratios_from_rows(rows), recorded_fraction(rows, "floor", 0.0)
-    reference = recorded_positive(rows, "reference")
+    found, floor = ratios_from_rows(rows), recorded_fraction((r.floor for r in rows), 0.0)
+    reference = recorded_positive(r.reference for r in rows)
     paired = [window_comparison(n, r, b, delta, floor, reference) for n, (r, b) in found.items()]
     if not paired:
         return grouped
@@ -383,64 +383,44 @@ def verdict_from_rows(rows: list[dict[str, str]], default_delta: float = DELTA) 
     return Verdict(ranked, spread, grouped.disturbed, delta, measured_on(rows))
 
 
-def measured_on(rows: list[dict[str, str]]) -> int:
+def measured_on(rows: Rows) -> int:
     """Times the window race in remeasure.csv's ``rows`` was measured on: the highest ``race``
     of a pair's window (a measuring on that ended before a pair took no look; a blank or
     hand-edited value counts as 0). A file written before the column counts its worker groups
     after the first (``attempt``): a measuring on took one each, a hang took one too, so the
     count errs towards fewer looks, never more."""
-    paired = [r for r in rows if r.get("pairing") == WINDOW and (r.get("pair") or "").strip()]
-    column = "race" if any("race" in r for r in rows) else "attempt"
-    return max((max(whole(r.get(column)), 0) for r in paired), default=0)
+    paired = [r for r in read_rows(rows) if r.pairing == WINDOW and r.pair is not None]
+    column = "race" if any(r.race is not None for r in paired) else "attempt"
+    return max((max(getattr(r, column) or 0, 0) for r in paired), default=0)
 
 
-def whole(value: str | None) -> int:
-    """A remeasure.csv position, pair, attempt or race as a whole number (-1: none, or not one:
-    a hand-edited word, or more digits than ``int`` converts)."""
-    try:
-        return int(value or -1)
-    except ValueError:
-        return -1
-
-
-def runs_from_rows(rows: list[dict[str, str]]) -> tuple[list[Run], int]:
+def runs_from_rows(rows: Rows) -> tuple[list[Run], int]:
     """remeasure.csv (one row per measurement: position, repeat) back into runs, and the
     number of windows per run (1 when the file does not say)."""
-
-    def num(value: str | None) -> float | None:
-        """A finite number, or None (a hand-edited nan, inf or word is no figure)."""
-        try:
-            found = float(value) if value not in (None, "") else None
-        except ValueError:
-            return None
-        return found if found is not None and math.isfinite(found) else None
-
-    by_pos: dict[int, list[dict[str, str]]] = {}
+    rows = read_rows(rows)
+    by_pos: dict[int, list[Remeasured]] = {}
     for row in rows:
-        by_pos.setdefault(int(num(row.get("position")) or 0), []).append(row)
-    runs = []
+        by_pos.setdefault(row.position or 0, []).append(row)
     # The first baseline run's placement: a measurement whose ranks sat otherwise does not compare.
-    first_run = min(rows, key=lambda r: (num(r.get("position")) or 0, num(r.get("repeat")) or 0),
-                    default={})  # fmt: skip
-    placement = first_run.get("placement") or ""
+    first_run = min(rows, key=lambda r: (r.position or 0, r.repeat or 0), default=Remeasured())
+    placement = first_run.placement or ""
+    runs = []
     for pos in sorted(by_pos):
-        found = sorted(by_pos[pos], key=lambda r: num(r.get("repeat")) or 0)
+        found = sorted(by_pos[pos], key=lambda r: r.repeat or 0)
         ms = [
             Measure(
-                num(r.get("samples_per_s"))
-                if r.get("state") == "complete" and (r.get("placement") or placement) == placement
-                and (num(r.get("samples_per_s")) or 0) > 0
+                r.samples_per_s
+                if r.state == "complete" and (r.placement or placement) == placement
+                and (r.samples_per_s or 0) > 0
                 else None,
-                max(0.0, num(r.get("throughput_cv")) or 0.0),
+                max(0.0, r.throughput_cv or 0.0),
             )
             for r in found
         ]
         first = found[0]
         runs.append(
-            Run(
-                int(num(first.get("trial")) or 0), first.get("role") == "baseline",
-                ms[0].samples_per_s, ms[0].cv, tuple(ms[1:]),
-            )
+            Run(first.trial or 0, first.role == BASELINE, ms[0].samples_per_s, ms[0].cv,
+                tuple(ms[1:]))
         )  # fmt: skip
-    windows = max((max(1, int(num(r.get("windows")) or 1)) for r in rows), default=1)
+    windows = max((max(1, r.windows or 1) for r in rows), default=1)
     return runs, windows

@@ -11,7 +11,7 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from orchestrator.inputs import ConfigError
+from orchestrator.config.inputs import ConfigError
 
 ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}|auto|local")
 

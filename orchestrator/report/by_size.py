@@ -1,6 +1,7 @@
 """The report's "Throughput by world size": what a training run reached at each size it
 trained at, against what the search measured for the entry each size ran
-(``orchestrator.sizes``), step by step and per size; a size well below its own searched
+(``orchestrator.config.size_entries``), step by step and per size; a size well below its own
+searched
 figure is marked, as the run log and the doctor flag it."""
 
 from __future__ import annotations

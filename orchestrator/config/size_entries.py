@@ -1,6 +1,6 @@
 """best.yaml's configuration per world size (``sizes``): checked when a config is read, handed
 to every worker of a training run, and fitted to every size of its elastic range before a
-worker starts (``train_fns.sizes`` fits them; each start fits again to the layout it got).
+worker starts (``train_fns.size_fit`` fits them; each start fits again to the layout it got).
 
 A search over a range of world sizes writes one entry per size it tuned::
 
@@ -19,9 +19,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.inputs import ConfigError, check_range, check_split, check_tuned
-from orchestrator.placement import PlacementError, layout_for
-from train_fns.sizes import Fitted, Layout, entries_of, fit
+from orchestrator.config.inputs import ConfigError, check_range, check_split, check_tuned
+from train_fns.size_fit import Fitted, Layout, entries_of, fit
 
 ENTRY_KEYS = ("tuned", "env", "samples_per_s", "verdict", "trial")
 MAX_SIZE = 16_384
@@ -184,12 +183,12 @@ def _size(key: Any, global_batch: int) -> int:
 
 
 def run_entries(config: Any) -> dict[int, dict[str, Any]]:
-    """Every entry a run may pick from (``train_fns.sizes.entries_of``) for ``config``."""
+    """Every entry a run may pick from (``train_fns.size_fit.entries_of``) for ``config``."""
     return entries_of(config.cluster.num_workers, config.tuned, config.env, config.sizes)
 
 
 def fit_context(config: Any, use_gpu: bool) -> dict[str, Any]:
-    """What the run fixes that fitting reads (``train_fns.sizes.fit``)."""
+    """What the run fixes that fitting reads (``train_fns.size_fit.fit``)."""
     return {
         "global_batch": config.workload.global_batch,
         "strategy": config.strategy if config.strategy != "search" else "ddp",
@@ -223,19 +222,3 @@ def fit_range(
                     f"runs this entry ({why}); remove it, or train over sizes that can run it",
                 )
     return fitted
-
-
-def expected_layout(config: Any, use_gpu: bool, world: int, nodes: list[dict[str, Any]]) -> Layout:
-    """Where ``world`` ranks will sit on ``nodes`` (``ray.nodes()``) under the config's strict
-    placement. On a cluster that grows on demand, where the nodes it will place on are not up
-    yet, the ranks span the nodes alive (those with a GPU), at most one node per rank."""
-    cluster = config.cluster
-    try:
-        layout = layout_for(nodes, None, world, cluster.cpus_per_worker, use_gpu, cluster.placement)
-    except PlacementError:
-        alive = [n for n in nodes if n.get("Alive")]
-        if use_gpu:
-            alive = [n for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
-        return Layout(world, max(1, min(len(alive), world)))
-    counts = layout.ranks_per_node(world)
-    return Layout(world, len(counts), len(set(counts)) == 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchestrator.inputs import check_range
+from orchestrator.config.inputs import check_range
 
 _DAY_S, _MAX_WORKERS, _MAX_STEPS = 86_400, 16_384, 10**9
 BOUNDS: dict[str, tuple[float, float]] = {

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.reclaim import WAIT_S, Reclaimed, reclaim, snapshot
-from orchestrator.session import backend_name
+from orchestrator.cluster.reclaim import WAIT_S, Reclaimed, reclaim, snapshot
+from orchestrator.cluster.session import backend_name
 
 POLL_S = 0.5
 """How long one wait on the queue lasts before ``stop`` is asked again."""
@@ -150,7 +150,7 @@ class Fit:
         """Take back what this group held, though it never finished starting: its Train
         controller (so it cannot retry with a new placement group), its workers, the
         placement groups this job made since it began (one group at a time), then wait up
-        to ``wait_s`` until ``need`` is available (``orchestrator.reclaim`` says why Ray
+        to ``wait_s`` until ``need`` is available (``orchestrator.cluster.reclaim`` says why Ray
         alone leaves them held)."""
         return reclaim(self.before, need or {}, wait_s)
 

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from orchestrator.config import Config, ConfigError
-from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
-from orchestrator.storage_url import (
+from orchestrator.config.schema import Config, ConfigError
+from orchestrator.config.storage_url import (
     JOURNAL_SUFFIXES,
     KEY,
     QUERY_SECRETS,
@@ -31,6 +30,7 @@ from orchestrator.storage_url import (
     read_storage,
     redact,
 )
+from orchestrator.runfiles import STUDY_DB, STUDY_JOURNAL
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL

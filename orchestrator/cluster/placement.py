@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-PACK, SPREAD = "pack", "spread"
-PLACEMENTS = (PACK, SPREAD)
+from orchestrator.config.schema import PACK, SPREAD
+
 NODE_LABEL = "ray.io/node-id"
 HEAD_RESOURCE = "node:__internal_head__"
 """A resource only the head node has: each group's Tune trial (a 0.01-CPU sliver that only
