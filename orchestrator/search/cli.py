@@ -202,7 +202,7 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path, dict[int, str]]:
 
 def check_storage(config: Config, out: Path) -> str | None:
     """Check the study's storage (connect to a database URL); what to say about the choice."""
-    from orchestrator.config.schema import study_storage as storage
+    from orchestrator.config import study_storage as storage
 
     choice = storage.choose(config.search.storage, out)
     storage.check(choice)
