@@ -2,7 +2,7 @@
 
 A figure without its run cannot be checked or compared, so each benchmark's ``main`` runs inside
 ``recording``: what it prints is shown and kept, and when it ends without an error one JSON file
-is written, ``YYYY-MM-DD-<benchmark>-<HHMMSS>.json`` (UTC), holding the ``Record`` below. A
+is written, ``YYYYMMDD-<benchmark>-<HHMMSS>.json`` (UTC), holding the ``Record`` below. A
 measurement's record goes into ``benchmarks/results/``, where the docs link it. A ``--quick`` run
 is a smoke check, not a measurement: it writes a record only into a folder it is given
 (``--results DIR``, or the ``COMMTUNE_RESULTS`` variable, which tests set), so no quick run or
@@ -122,9 +122,9 @@ def _now() -> dt.datetime:
 
 
 def write(record: Record, folder: Path) -> Path:
-    """The record as ``folder/YYYY-MM-DD-<benchmark>-<HHMMSS>.json``; never over another."""
+    """The record as ``folder/YYYYMMDD-<benchmark>-<HHMMSS>.json``; never over another."""
     when = dt.datetime.fromisoformat(record.utc)
-    path = folder / f"{when:%Y-%m-%d}-{record.benchmark}-{when:%H%M%S}.json"
+    path = folder / f"{when:%Y%m%d}-{record.benchmark}-{when:%H%M%S}.json"
     folder.mkdir(parents=True, exist_ok=True)
     with path.open("x") as f:
         json.dump(dataclasses.asdict(record), f, indent=1, default=str)

@@ -60,7 +60,8 @@ class UnusedParameters:
         host round trip DDP does not pay: FSDP would be measured slower for it); a float32
         sum, which every forced NCCL algorithm runs (NVLS included)."""
         flags = torch.tensor(self.used, dtype=torch.float32, device=collective_device())
-        dist.all_reduce(flags)
+        if dist.is_initialized():  # one process alone (no group) agrees with itself
+            dist.all_reduce(flags)
         used = flags.tolist()
         for param, flag in zip(self.params, used, strict=True):
             if not flag:

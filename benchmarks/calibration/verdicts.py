@@ -17,7 +17,6 @@ agrees, measures the disturbed runs again, or says it is too noisy to decide.
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing
 import os
 import tempfile
@@ -26,7 +25,8 @@ from pathlib import Path
 
 from benchmarks._commands import QUICK_SEARCH, run_module
 from benchmarks._record import add_results_option, recording
-from orchestrator.runfiles import REMEASURE_CSV
+from orchestrator.runfiles import REMEASURE_CSV, read_csv
+from orchestrator.runfiles.remeasure import BASELINE, FINALIST, WINDOW, Remeasured, read_rows
 
 REMEASURE_MARK = "finalists:"
 """The search's line naming its finalists, before they are measured again: the hog starts."""
@@ -74,39 +74,43 @@ _VERDICT = "verdict: "
 """How the search's summary introduces the verdict (orchestrator.search.results)."""
 
 
+def _rows(path: Path) -> list[Remeasured]:
+    """remeasure.csv's rows as the search's own reader reads them."""
+    return read_rows(read_csv(path))
+
+
 def _disturbed(path: Path) -> str:
     """Which re-measured runs were flagged disturbed (and repeated)."""
     if not path.exists():
         return f"no {REMEASURE_CSV}"
-    rows = list(csv.DictReader(path.open()))
-    bad = [f"trial {r['trial']} run {r['position']}.{r['repeat']}" for r in rows if r["disturbed"]]
+    rows = _rows(path)
+    bad = [f"trial {r.trial} run {r.position}.{r.repeat}" for r in rows if r.disturbed]
     return f"{len(bad)}/{len(rows)} disturbed" + (f" ({', '.join(bad)})" if bad else "")
 
 
 def _sequence(path: Path) -> str:
-    """The measurements in order: paired runs as the issue wrote them (``B 22.14 (13.2%) |
-    t5 ...``, a repeat after a disturbed run marked ``again``), window pairs as each
-    finalist's ratios (``t5: 1.08 1.11 1.07``)."""
+    """The measurements in order: paired runs as ``B 22.14 (13.2%) | t5 ...`` (a repeat after
+    a disturbed run marked ``again``), window pairs as each finalist's ratios
+    (``t5: 1.08 1.11 1.07``)."""
     if not path.exists():
         return ""
     parts, pairs = [], {}
-    for r in csv.DictReader(path.open()):
-        if r.get("pairing") == "window":
-            if r["role"] == "finalist" and r["pair"] != "":
-                pairs.setdefault(r["trial"], {})[r["pair"]] = r["samples_per_s"]
-            elif r["role"] == "baseline" and r["pair"] != "":
-                pairs.setdefault(r["against"], {})[f"b{r['pair']}"] = r["samples_per_s"]
+    for r in _rows(path):
+        if r.pairing == WINDOW:
+            if r.pair is not None:
+                key = r.trial if r.role == FINALIST else r.against
+                pairs.setdefault(key, {})[(r.role, r.pair)] = r.samples_per_s
             continue
-        who = "B" if r["role"] == "baseline" else f"t{r['trial']}"
-        if not r["samples_per_s"]:
-            parts.append(f"{who} {r['state']}")
+        who = "B" if r.role == BASELINE else f"t{r.trial}"
+        if r.samples_per_s is None:
+            parts.append(f"{who} {r.state}")
             continue
-        figure = f"{float(r['samples_per_s']):.2f} ({float(r['throughput_cv'] or 0):.1%})"
-        mark = (" again" if r["repeat"] != "0" else "") + (" disturbed" if r["disturbed"] else "")
+        figure = f"{r.samples_per_s:.2f} ({r.throughput_cv or 0:.1%})"
+        mark = (" again" if r.repeat else "") + (" disturbed" if r.disturbed else "")
         parts.append(f"{who}{mark} {figure}")
     for trial, got in pairs.items():
-        ratios = [float(got[k]) / float(got[f"b{k}"]) for k in got
-                  if not k.startswith("b") and got[k] and got.get(f"b{k}")]  # fmt: skip
+        ratios = [mine / got[(BASELINE, pair)] for (role, pair), mine in got.items()
+                  if role == FINALIST and mine and got.get((BASELINE, pair))]  # fmt: skip
         parts.append(f"t{trial}: " + " ".join(f"{x:.3f}" for x in ratios))
     return " | ".join(parts)
 

@@ -124,6 +124,7 @@ class Race:
     def __init__(
         self, ctx: TrialContext, baseline: TrialRecord, finalists: list[TrialRecord],
         say: Callable[[str], Any] = print, deadline: float | None = None, floor: float = 0.0,
+        switch_steps: int = SWITCH_STEPS,
     ) -> None:  # fmt: skip
         search = ctx.config.search
         self.ctx, self.say = ctx, say
@@ -131,9 +132,11 @@ class Race:
         """Each judged pair as TensorBoard scalars at its round (None: none)."""
         self.delta, self.max_pairs = search.verdict_delta, search.verdict_pairs
         window = steps_per_window(search.measure_steps, search.windows)
-        self.steps = max(1, window + 1 - SWITCH_STEPS)
+        self.switch_steps = switch_steps
+        """Unmeasured steps before each window (``SWITCH_STEPS``; the A/A benchmark tries more)."""
+        self.steps = max(1, window + 1 - switch_steps)
         """A window's measured steps: a visit is the search's window and one step more, the
-        switch step counted in it unless ``SWITCH_STEPS`` leaves it out."""
+        switch step counted in it unless ``switch_steps`` leaves it out."""
         self.base = self._entrant(baseline, BASELINE)
         self.entrants = [self._entrant(rec, f"trial{rec.number}") for rec in finalists]
         self.floor = floor
@@ -203,7 +206,8 @@ class Race:
         most = f"at most {self.budget} pairs"
         if self.carried:
             most = f"{self.carried} pairs on record, at most {self.budget - self.carried} more"
-        switch = f"after {SWITCH_STEPS} unmeasured" if SWITCH_STEPS else "the switch step counted"
+        switch = self.switch_steps
+        switch = f"after {switch} unmeasured" if switch else "the switch step counted"
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
             f"{self.steps} steps each, {switch}, B c then c B), until decided at δ "
@@ -271,7 +275,7 @@ class Race:
                 for role in pair_order(entrant.measured):
                     who = self.base if role == BASELINE else entrant
                     if self.ended is None and entrant.out is None:
-                        yield self._ask(who, entrant, pair, SWITCH_STEPS, self.steps)
+                        yield self._ask(who, entrant, pair, self.switch_steps, self.steps)
             self.next_pair += 1
             self._judge_round()
 

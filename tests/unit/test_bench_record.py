@@ -28,11 +28,11 @@ def _run(results: Path | None, quick: bool, fail: bool = False) -> None:
 def test_a_run_writes_one_record_that_reads_back(tmp_path: Path, capsys) -> None:
     _run(tmp_path / "records", quick=True)
     (path,) = (tmp_path / "records").iterdir()
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d-example-\d{6}\.json", path.name), path.name
+    assert re.fullmatch(r"\d{8}-example-\d{6}\.json", path.name), path.name
     record = _record.read(path)
     when = dt.datetime.fromisoformat(record.utc)
     assert when.utcoffset() == dt.timedelta(0)
-    assert path.name == f"{when:%Y-%m-%d}-example-{when:%H%M%S}.json"
+    assert path.name == f"{when:%Y%m%d}-example-{when:%H%M%S}.json"
     assert abs((dt.datetime.now(dt.timezone.utc) - when).total_seconds()) < 60
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_record.ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()  # fmt: skip
