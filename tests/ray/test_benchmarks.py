@@ -34,8 +34,10 @@ SEARCHES = {
     "calibration.verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
     "calibration.aa_verdict": (r"quiet: 3 decisions: .*\n"
                                r"false keeps: \d of 3 decisions \(\d+%\) at δ 2%"),
-    "delivered": (r"pair 2: trial \d+ [0-9.]+ vs baseline [0-9.]+ samples/s = [0-9.]+\n"
+    "delivered": (r"pair 2: trial \d+ [0-9.]+ vs baseline [0-9.]+ samples/s = [0-9.]+; "
+                  r"over the wall-clock [0-9.]+\n"
                   r"delivered: [0-9.]+x \(interval [0-9.]+-[0-9.]+ from 2 pairs of 12-step"
+                  r"[\s\S]*\ndelivered over the wall-clock: [0-9.]+x \(interval"
                   r"[\s\S]*the verdict's ratio [0-9.]+ for trial \d+ is (inside|OUTSIDE)"),
 }
 """Script -> what its quick output must hold (real searches: half a minute to a few minutes
