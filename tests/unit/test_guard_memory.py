@@ -15,13 +15,19 @@ MiB = 2**20
 
 
 def test_shard_squares_of_a_large_gradient_need_no_float64_copy_of_it() -> None:
+    """The least of three measured peaks: the resident high-water mark also moves with the
+    first call's code pages and the allocator's arenas, noise a float64 copy of the gradient
+    (128 MiB, and as much again for its square) would show through in every one of them."""
     grad = torch.randn(4096, 4096)  # 64 MiB in fp32; a float64 copy is 128 MiB
     grad.mul_(1.0)  # its pages resident before the peak is reset
-    reset_peak_memory(CPU)
-    before = peak_memory_bytes(CPU)
-    squares = shard_squares(grad, 2, CPU)
-    extra = peak_memory_bytes(CPU) - before
-    assert extra < 32 * MiB, f"{extra / MiB:.0f} MiB over the gradient's own 64 MiB"
+    shard_squares(grad[:8], 2, CPU)  # the kernels' code paged in
+    extras = []
+    for _ in range(3):
+        reset_peak_memory(CPU)
+        before = peak_memory_bytes(CPU)
+        squares = shard_squares(grad, 2, CPU)
+        extras.append(peak_memory_bytes(CPU) - before)
+    assert min(extras) < 48 * MiB, f"{min(extras) / MiB:.0f} MiB over the gradient's own 64 MiB"
     exact = grad.double().pow(2).reshape(2, -1).sum(1)
     assert torch.allclose(squares, exact, rtol=1e-12)
 
