@@ -15,10 +15,10 @@ group's start by it), ``{"kind": "window", "index": i, "window": k}`` from rank 
 measured window ends (the driver's heartbeat shows it), then from every rank
 ``{"kind": "end", "index": i, "rank": r, "status": complete|pruned|oom, "windows": [...],
 "reason": ..., "pid": ...}`` (the process that measured it: whether a group's workers were
-reused shows). An out-of-memory error that strikes every rank at the same step is recorded
-and the group goes on (agreed over a gloo side group, ``agree_all_oom``); any other ends the
-group (peers still in a collective are ended by their watchdog), and the driver re-queues what
-was not measured.
+reused shows). An out-of-memory error that strikes every rank at the same step, after as many
+collectives issued, is recorded and the group goes on (agreed over a gloo side group,
+``agree_all_oom``); any other ends the group (peers still in a collective are ended by their
+watchdog), and the driver re-queues what was not measured.
 """
 
 from __future__ import annotations
@@ -140,22 +140,40 @@ def release_groups(keep: set[dist.ProcessGroup], device: torch.device) -> None:
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
 
 
-def oom_verdict(num_oom: int, world_size: int, first_step: int, last_step: int) -> str | None:
+def oom_verdict(
+    num_oom: int, world_size: int, first_step: int, last_step: int,
+    least_issued: int = 0, most_issued: int = 0,
+) -> str | None:  # fmt: skip
     """Why the group cannot go on after an out-of-memory error (None: it can).
 
-    Only when every rank ran out of memory at the same step did all of them stop at the same
-    point of the collective sequence; otherwise some rank may have left a collective half
-    issued on the training communicator.
+    Only when every rank ran out of memory at the same step, having issued as many collectives
+    on the training groups (``issued_collectives``), did all of them stop at the same point of
+    the collective sequence. The same step is not enough: NCCL runs asynchronously, so ranks
+    that fail at different allocations of one step have issued different numbers of bucket
+    all-reduces or FSDP all-gathers, and the next configuration's first collectives would
+    pair with the stale ones (a hang, or mixed data the guard calls corrupt).
     """
     if num_oom != world_size:
         return f"out of memory on {num_oom} of {world_size} ranks only"
     if first_step != last_step:
         return f"out of memory at different steps ({first_step} to {last_step})"
+    if least_issued != most_issued:
+        return (f"out of memory after different numbers of collectives issued on the training "
+                f"groups ({least_issued} to {most_issued})")  # fmt: skip
     return None
 
 
+def issued_collectives() -> int:
+    """The collectives this rank has issued on its training process groups (every live group
+    but the gloo side group): the sum of their sequence numbers, which count each collective
+    as it is issued, not as it completes."""
+    side = side_group()
+    return sum(g._get_sequence_number_for_group() for g in live_groups() if g is not side)
+
+
 def agree_all_oom(world_size: int, step: int) -> None:
-    """Go on only if every rank ran out of memory at the same step (``oom_verdict``).
+    """Go on only if every rank ran out of memory at the same step, after as many collectives
+    (``oom_verdict``).
 
     Agreed over the gloo side group. A rank that did not run out of memory is still inside a
     training collective: this one then waits here until that rank's watchdog ends it (gloo
@@ -165,7 +183,9 @@ def agree_all_oom(world_size: int, step: int) -> None:
     if side_group() is None:
         return
     (num_oom,) = reduce_over_ranks([1.0], op="sum")
-    last, neg_first = reduce_over_ranks([step, -step], op="max")
-    why = oom_verdict(round(num_oom), world_size, round(-neg_first), round(last))
+    issued = issued_collectives()
+    last, neg_first, most, neg_least = reduce_over_ranks([step, -step, issued, -issued], "max")
+    why = oom_verdict(round(num_oom), world_size, round(-neg_first), round(last),
+                      round(-neg_least), round(most))  # fmt: skip
     if why is not None:
         raise RuntimeError(f"{why}; the worker group cannot go on")

@@ -44,6 +44,15 @@ def test_the_group_goes_on_only_when_every_rank_ran_out_at_the_same_step(
     assert oom_verdict(num_oom, 2, first, last) == why
 
 
+def test_the_same_step_is_not_enough_when_the_ranks_issued_different_collectives() -> None:
+    assert oom_verdict(2, 2, 5, 5, least_issued=40, most_issued=40) is None
+    why = oom_verdict(2, 2, 5, 5, least_issued=40, most_issued=41)
+    assert why == (
+        "out of memory after different numbers of collectives issued on the training groups "
+        "(40 to 41)"
+    )
+
+
 def test_ddp_bucket_knobs_are_dropped_on_one_worker_and_the_report_says_why() -> None:
     spaces = load_spaces(["strategy", "ddp"])
     one = SearchSpace(spaces, SearchContext("nccl", "ddp", True, 1, 1, 32))
