@@ -19,6 +19,7 @@ is a defect to find.
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
     python -m benchmarks.delivered runs/cpu-demo --rounds 4 --steps 40 --trial 3
     python -m benchmarks.delivered --quick                         # a smoke search first
+    python -m benchmarks.delivered runs/smoke --quick              # 2 pairs of 12 steps on it
 """
 
 from __future__ import annotations
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of a run's figure")
     ap.add_argument("--trial", type=int, help="the trial to train beside the baseline (default: "
                     "the verdict's leader, kept or not)")  # fmt: skip
-    quick = "a smoke search (2 trials, a 3-pair race), then 2 pairs of 12 steps (the tests')"
+    quick = (
+        "2 pairs of 12 steps; without a run folder a smoke search (2 trials, a 3-pair race) "
+        "first (the tests give it the run that benchmarks.calibration.verdicts kept)"
+    )
     ap.add_argument("--quick", action="store_true", help=quick)
     add_results_option(ap)
     args = ap.parse_args(argv)
@@ -150,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
           tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp):  # fmt: skip
         work = Path(tmp)
         if args.quick:
-            args.run, args.rounds, args.steps, args.skip = str(work / "search"), 2, 12, 3
+            args.rounds, args.steps, args.skip = 2, 12, 3
+        if args.quick and not args.run:
+            args.run = str(work / "search")
             run_module("orchestrator.search", [*QUICK_SEARCH, "--out", args.run])
         if not args.run:
             ap.error("name a search's run folder (or --quick)")

@@ -58,7 +58,8 @@ def test_local_twin_runs_a_submitted_search_on_its_fake_nodes(tmp_path: Path) ->
         done = submit_cli(
             ["--address", "http://127.0.0.1:8265", "search", "--follow", "--no-upload",
              "--results-root", str(tmp_path / "cluster"), "--preset", "smoke", "--trials", "2",
-             "--set", "search.remeasure_top=0", "--set", "cluster.autoscaling=true"],
+             "--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false",
+             "--set", "cluster.autoscaling=true"],
             env,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -19,7 +19,7 @@ HEARTBEAT_S = 5
 PATIENT_START_S = 300
 """search.start_timeout_s: generous for a group to start on a loaded 2-core machine; the frozen
 starts are caught earlier, by the bound adapted to the starts seen before them."""
-TRIAL_TIMEOUT_S = 60
+TRIAL_TIMEOUT_S = 30
 """Below the smoke preset's step_deadline_s (60 s after the last step, in the live rank):
 the driver's bound is what ends a frozen configuration here."""
 
@@ -122,7 +122,7 @@ def _gone_by(command: Command, pid: int, text: str) -> bool:
 
 @pytest.mark.slow
 def test_a_worker_frozen_in_training_ends_the_run_with_phase_step(tmp_path: Path) -> None:
-    stall_s = 30
+    stall_s = 20
     train = Command("orchestrator.train", [
         "--preset", "smoke", "--steps", "400", "--workers", "1:2", "--out", str(tmp_path / "run"),
         "--set", "train.log_every=1", "--set", f"train.stall_timeout_s={stall_s}",
