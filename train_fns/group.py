@@ -163,12 +163,19 @@ def oom_verdict(
     return None
 
 
-def issued_collectives() -> int:
-    """The collectives this rank has issued on its training process groups (every live group
-    but the gloo side group): the sum of their sequence numbers, which count each collective
-    as it is issued, not as it completes."""
+def issued_collectives() -> tuple[int, int, int]:
+    """What this rank has issued on its training process groups (every live group but the gloo
+    side group, in the order they were made, the same on every rank): how many groups, and the
+    plain and position-weighted sums of their sequence numbers, which count each collective as
+    it is issued, not as it completes (ranks one collective apart on any group differ in a sum).
+    A backend without sequence numbers gives (-1, -1, -1): its ranks cannot show they agree."""
     side = side_group()
-    return sum(g._get_sequence_number_for_group() for g in live_groups() if g is not side)
+    groups = [g for g in dist.distributed_c10d._world.pg_map if g is not side]
+    try:
+        counts = [g._get_sequence_number_for_group() for g in groups]
+    except RuntimeError:  # "ProcessGroup ... does not yet support sequence numbers"
+        return -1, -1, -1
+    return len(counts), sum(counts), sum(k * c for k, c in enumerate(counts, 1))
 
 
 def agree_all_oom(world_size: int, step: int) -> None:
@@ -182,10 +189,12 @@ def agree_all_oom(world_size: int, step: int) -> None:
     """
     if side_group() is None:
         return
+    issued = issued_collectives()  # before the first reduction: every rank reaches both
     (num_oom,) = reduce_over_ranks([1.0], op="sum")
-    issued = issued_collectives()
-    last, neg_first, most, neg_least = reduce_over_ranks([step, -step, issued, -issued], "max")
-    why = oom_verdict(round(num_oom), world_size, round(-neg_first), round(last),
-                      round(-neg_least), round(most))  # fmt: skip
+    high = reduce_over_ranks([step, *issued, -step, *(-c for c in issued)], "max")
+    last, most, least = high[0], high[1:4], [-x for x in high[5:]]
+    differ = next(((lo, hi) for lo, hi in zip(least, most, strict=True) if lo != hi), (0, 0))
+    why = oom_verdict(round(num_oom), world_size, round(-high[4]), round(last),
+                      *map(round, differ))  # fmt: skip
     if why is not None:
         raise RuntimeError(f"{why}; the worker group cannot go on")

@@ -22,7 +22,7 @@ def _oom_after(rank: int, world_size: int, extra_on: int | None) -> str:
     dist.all_reduce(torch.ones(2), group=group)  # matched: both ranks count it
     if rank == extra_on:  # one bucket further before running out of memory: left in flight
         dist.all_reduce(torch.ones(2), group=group, async_op=True)
-    issued = issued_collectives()
+    issued = issued_collectives()[1]  # (groups, sum, weighted sum): the sum
     try:
         agree_all_oom(world_size, step=5)
     except RuntimeError as e:
