@@ -218,10 +218,12 @@ class Proposer:
         if stage1:
             return stage1
         room = self._stage2_end - len(trials)
+        if len(trials) >= self.budget:  # a search gone past its budget: descend again
+            room = GRID_BATCH
         best = self._best(trials)
         if room <= 0 or best is None:
             return []  # stage 3 (or nothing completed yet): the sampler decides
-        for knob in self._knobs:
+        for knob in [*self._knobs, *self._memory]:
             sweep = fresh(_thin(self.space.grid_slice([knob], best), knob))
             if sweep:
                 return sweep[:room]
