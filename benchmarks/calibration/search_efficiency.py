@@ -11,9 +11,8 @@ from the run's seed), infeasible points told as FAIL. A run stops when the best 
 the configurations it evaluated is within 3% of the grid optimum, or at the cap (the grid
 size, or ``--max-trials`` if smaller: TPE slows down past a few hundred trials; shown as
 ``>cap``, which ranks a missed run above any finished one). The Proposer's budget is the
-matching preset's ``search.trials`` (12 for cpu-demo, 40 for bert-large); past it, ``tpe``
-and ``random`` go on as before and ``staged`` descends again from its best (one knob at a time,
-memory shape included) before its sampler goes on alone.
+matching preset's ``search.trials`` (12 for cpu-demo, 40 for bert-large); past it, the
+sampler goes on alone.
 
 ``staged`` gets the cost-model seeds (the default); ``staged-noseed`` is the ablation;
 ``tpe`` and ``random`` are the plain samplers. ``grid`` walks the grid in order, which

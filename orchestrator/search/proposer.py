@@ -12,12 +12,6 @@ NCCL space into small independent subspaces) spends the budget in three stages:
 3. joint refinement: nothing is enqueued and the TPE sampler takes over, with everything
    measured so far as its history, until its trials stop improving (:meth:`Proposer.settled`).
 
-A search that goes on past its budget (the search-efficiency replay runs to the target)
-descends again: each knob swept from the best, the communication knobs and then the memory
-shape, before the sampler has it to itself again. The sampler alone, with a history of one-knob
-steps around one shape, can wander for hundreds of trials on a landscape whose best needs
-another shape (benchmarks.calibration.search_efficiency).
-
 Every decision is recomputed from the study's contents (completed trials and what is
 already queued), so a restarted driver carries on where the dead one stopped, and no
 configuration is ever queued twice.
@@ -224,12 +218,10 @@ class Proposer:
         if stage1:
             return stage1
         room = self._stage2_end - len(trials)
-        if len(trials) >= self.budget:  # a search gone past its budget: descend again
-            room = GRID_BATCH
         best = self._best(trials)
         if room <= 0 or best is None:
             return []  # stage 3 (or nothing completed yet): the sampler decides
-        for knob in [*self._knobs, *self._memory]:
+        for knob in self._knobs:
             sweep = fresh(_thin(self.space.grid_slice([knob], best), knob))
             if sweep:
                 return sweep[:room]

@@ -100,8 +100,7 @@ def test_staged_never_enqueues_twice_and_stops_for_stage_3() -> None:
     study = _run(_space(), "staged", 40, 45)
     keys = [repr(sorted(p.items())) for p in _enqueued(study)]
     assert len(keys) == len(set(keys)) >= 20
-    within = [t for t in study.trials[:40] if "fixed_params" in t.system_attrs]
-    assert len(within) <= 40 - 10  # stage 3's quarter of the budget is left to the sampler
+    assert len(keys) <= 40 - 10  # stage 3's quarter is left to the sampler
 
 
 def test_stage_2_starts_from_the_best_stage_1_shape() -> None:
@@ -320,25 +319,3 @@ def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
     failed, why = _until_settled(9, lambda number, p: None if number == 0 else 20.0)
     assert why and pipeline._ended_early(failed, proposer, space) is None
     assert pipeline._ended_early(None, proposer, space) is None
-
-
-def test_past_its_budget_staged_descends_again_from_the_best() -> None:
-    """A search that goes on past its budget (the benchmark's replay does) sweeps one knob at a
-    time from the best again, memory shape included, before the sampler takes over: the
-    sampler alone, with a history of one-knob steps, wanders for hundreds of trials."""
-    space = _space(CPU)
-    study = _run(space, "staged", 4, 4)
-    best = space.from_optuna_params(study.best_trial.params)
-    proposer = Proposer(space, "staged", 4)
-    assert proposer.refill(study) == 1
-    queued = study.get_trials(states=(TrialState.WAITING,))[0].system_attrs["fixed_params"]
-    changed = [k for k, v in space.from_optuna_params(queued).items() if best.get(k) != v]
-    assert len(changed) == 1, (best, queued)
-    swept = set()
-    for _ in range(40):
-        proposer.refill(study)
-        trial = study.ask()
-        params = space.suggest(trial)
-        study.tell(trial, _objective(params))
-        swept |= {k for k, v in params.items() if best.get(k) != v}
-    assert "accumulation_steps" in swept
