@@ -18,8 +18,9 @@ sampler goes on alone.
 ``tpe`` and ``random`` are the plain samplers. ``grid`` walks the grid in order, which
 no seed or noise changes, so its count is exact and the same for every seed.
 
-Targets: the default's median is at most a fifth of the grid size and no more than
-random's median.
+Targets: the default's median is at most a fifth of the grid size and no more than the
+better of TPE's and random's medians (a default that loses to a plain sampler has not earned
+its place). Check a finding on seeds it was not found on (``--seed-offset``).
 """
 
 from __future__ import annotations
@@ -126,11 +127,11 @@ def bench(
             counts = [trials_to_target(land, strategy, seeded, s, cap, tolerance) for s in seeds]
         medians[label], text = summary(counts, size if strategy == "grid" else cap)
         lines.append(f"   {label:<14} {text:<46} {medians[label] / size:.3f}")
-    default = medians[DEFAULT]
+    default, rival = medians[DEFAULT], min(medians["tpe"], medians["random"])
     lines.append(
         f"   target {DEFAULT} median <= grid/5 ({size / 5:g}): "
-        f"{'ok' if default <= size / 5 else 'MISSED'}; <= random's ({medians['random']:g}): "
-        f"{'ok' if default <= medians['random'] else 'MISSED'}"
+        f"{'ok' if default <= size / 5 else 'MISSED'}; <= the better of tpe's and random's "
+        f"({rival:g}): {'ok' if default <= rival else 'MISSED'}"
     )
     return lines, medians
 
