@@ -1,7 +1,7 @@
 """How many trials each search strategy needs to get within 3% of the best configuration.
 
-``python -m benchmarks.calibration.search_efficiency [--seeds 20] [--landscape NAME ...]
-[--quick]``
+``python -m benchmarks.calibration.search_efficiency [--seeds 20] [--seed-offset 0]
+[--landscape NAME ...] [--quick]``
 
 For each landscape (a recorded cpu-demo grid, and BERT-large on the motivating GPU clusters
 simulated by :mod:`benchmarks.calibration.gpu_model`) and each strategy, a fresh in-memory
@@ -18,8 +18,9 @@ sampler goes on alone.
 ``tpe`` and ``random`` are the plain samplers. ``grid`` walks the grid in order, which
 no seed or noise changes, so its count is exact and the same for every seed.
 
-Targets: the default's median is at most a fifth of the grid size and no more than
-random's median.
+Targets: the default's median is at most a fifth of the grid size and no more than the
+better of TPE's and random's medians (a default that loses to a plain sampler has not earned
+its place). Check a finding on seeds it was not found on (``--seed-offset``).
 """
 
 from __future__ import annotations
@@ -126,11 +127,11 @@ def bench(
             counts = [trials_to_target(land, strategy, seeded, s, cap, tolerance) for s in seeds]
         medians[label], text = summary(counts, size if strategy == "grid" else cap)
         lines.append(f"   {label:<14} {text:<46} {medians[label] / size:.3f}")
-    default = medians[DEFAULT]
+    default, rival = medians[DEFAULT], min(medians["tpe"], medians["random"])
     lines.append(
         f"   target {DEFAULT} median <= grid/5 ({size / 5:g}): "
-        f"{'ok' if default <= size / 5 else 'MISSED'}; <= random's ({medians['random']:g}): "
-        f"{'ok' if default <= medians['random'] else 'MISSED'}"
+        f"{'ok' if default <= size / 5 else 'MISSED'}; <= the better of tpe's and random's "
+        f"({rival:g}): {'ok' if default <= rival else 'MISSED'}"
     )
     return lines, medians
 
@@ -154,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--seeds", type=int, default=20, help="runs per strategy (default 20)")
+    p.add_argument("--seed-offset", type=int, default=0,
+                   help="first seed (default 0): another offset checks a finding on seeds it "
+                   "was not found on")  # fmt: skip
     p.add_argument("--landscape", action="append", choices=names, help="repeatable; default all")
     p.add_argument("--max-trials", type=int, default=400,
                    help="stop a run here (default 400; the grid size if smaller)")  # fmt: skip
@@ -171,9 +175,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.perf_counter()
     with recording(__spec__.name, argv, args.results, args.quick) as figures:
-        figures.update(seeds=args.seeds, max_trials=args.max_trials, tolerance=args.tolerance)
+        figures.update(seeds=args.seeds, seed_offset=args.seed_offset,
+                       max_trials=args.max_trials, tolerance=args.tolerance)  # fmt: skip
+        seeds = range(args.seed_offset, args.seed_offset + args.seeds)
         for land in landscapes(args.landscape, Path(args.cpu_demo_csv)):
-            lines, medians = bench(land, range(args.seeds), args.max_trials, args.tolerance)
+            lines, medians = bench(land, seeds, args.max_trials, args.tolerance)
             figures[land.name.split(" ")[0]] = {"landscape": land.name, "median_trials": medians,
                                                 "grid_points": len(land.points)}  # fmt: skip
             print("\n".join(lines), flush=True)
