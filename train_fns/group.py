@@ -191,10 +191,11 @@ def agree_all_oom(world_size: int, step: int) -> None:
         return
     issued = issued_collectives()  # before the first reduction: every rank reaches both
     (num_oom,) = reduce_over_ranks([1.0], op="sum")
-    high = reduce_over_ranks([step, *issued, -step, *(-c for c in issued)], "max")
-    last, most, least = high[0], high[1:4], [-x for x in high[5:]]
-    differ = next(((lo, hi) for lo, hi in zip(least, most, strict=True) if lo != hi), (0, 0))
-    why = oom_verdict(round(num_oom), world_size, round(-high[4]), round(last),
-                      *map(round, differ))  # fmt: skip
+    mine = [step, *issued]
+    high = reduce_over_ranks([*mine, *(-v for v in mine)], "max")  # the most, then -the least
+    most, least = [round(v) for v in high[: len(mine)]], [-round(v) for v in high[len(mine) :]]
+    differ = next(((lo, hi) for lo, hi in zip(least[1:], most[1:], strict=True) if lo != hi),
+                  (0, 0))  # fmt: skip
+    why = oom_verdict(round(num_oom), world_size, least[0], most[0], *differ)
     if why is not None:
         raise RuntimeError(f"{why}; the worker group cannot go on")
