@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for item in done.unexpressed:
         print(f"not expressed in {done.target}: {item.line()}", file=sys.stderr)
+    for caution in done.cautions:
+        print(f"caution for {done.target}: {caution}", file=sys.stderr)
     text = json.dumps(done.record(), indent=2) + "\n" if args.json else done.text
     if args.out:
         write_atomic(Path(args.out), text)

@@ -155,8 +155,11 @@ class Export:
     text: str
     settings: dict[str, Any]
     unexpressed: tuple[Unexpressed, ...]
+    cautions: tuple[str, ...] = ()
+    """What the target may do with an expressed value other than what was measured."""
 
     def record(self) -> dict[str, Any]:
         """Everything as one JSON-able mapping (``--json``)."""
         return {"target": self.target, "settings": self.settings, "text": self.text,
-                "not_expressed": [dataclasses.asdict(u) for u in self.unexpressed]}  # fmt: skip
+                "not_expressed": [dataclasses.asdict(u) for u in self.unexpressed],
+                "cautions": list(self.cautions)}  # fmt: skip

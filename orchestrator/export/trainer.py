@@ -122,6 +122,17 @@ def _fsdp(tuned: Tuned, missing: list[Unexpressed]) -> dict[str, Any]:
     return {"fsdp": True, "fsdp_config": config}
 
 
+LOSS_SCALING = (
+    "Trainer divides each micro-batch's loss by gradient_accumulation_steps ({n}) only for a "
+    "model whose forward takes no **kwargs; a model that takes them but averages its own loss, "
+    "ignoring num_items_in_batch (BERT's heads do), then trains on {n} times the gradient, "
+    "clipped by max_grad_norm: set `trainer.loss_is_scaled_for_ga = False` for such a model "
+    "(a model whose loss divides by num_items_in_batch needs nothing)"
+)
+"""Accumulation is the split commtune measured, but Trainer decides the loss scale from the
+model's signature; the export cannot see the user's model, so it says when to set it."""
+
+
 def render(tuned: Tuned, script: str) -> Export:
     args, missing = training_arguments(tuned)
     settings = {
@@ -133,4 +144,6 @@ def render(tuned: Tuned, script: str) -> Export:
         "not_expressed": [dataclasses.asdict(u) for u in (*tuned.dropped, *missing)],
     }
     text = json.dumps(settings, indent=2) + "\n"
-    return Export("trainer", text, settings, (*tuned.dropped, *missing))
+    n = tuned.accumulation_steps
+    cautions = (LOSS_SCALING.format(n=n),) if n > 1 else ()
+    return Export("trainer", text, settings, (*tuned.dropped, *missing), cautions)

@@ -101,6 +101,19 @@ def test_lightning_trains_with_the_exported_strategy(tmp_path: Path) -> None:
     assert all(r["steps"] == STEPS for r in ranks)
 
 
+def test_trainer_is_told_when_its_loss_scaling_would_multiply_the_gradient(
+    tmp_path: Path,
+) -> None:
+    """Trainer skips dividing by the accumulation for a model that takes ``**kwargs`` (BERT's
+    heads, which ignore ``num_items_in_batch``): the export says so, and what to set."""
+    done = export(make_run(tmp_path / "run"), "--to", "trainer", "--json")
+    assert done.returncode == 0, done.stderr
+    (caution,) = json.loads(done.stdout)["cautions"]
+    assert f"gradient_accumulation_steps ({ACCUMULATION})" in caution
+    assert "loss_is_scaled_for_ga = False" in caution
+    assert f"caution for trainer: {caution}" in done.stderr
+
+
 def test_what_a_target_cannot_say_is_named(tmp_path: Path) -> None:
     """Lightning's DDPStrategy has no checkpointing nor optimizer: both named on stderr and in
     the output, with where they go instead."""
