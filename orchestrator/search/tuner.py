@@ -365,6 +365,7 @@ class Handover(Callback):
         if lease is None or lend is None:
             return
         self.searcher.lease = self.searcher.lend = None
+        self.searcher._say_ending()  # an early end is the search's, said before the race
         try:
             lend(lease)
         finally:
