@@ -25,6 +25,7 @@ from orchestrator.runfiles.remeasure import (
     read_rows,
     write_remeasure,
 )
+from orchestrator.search.lease import Lease
 from orchestrator.search.race import Race
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan, measure_plans
@@ -124,10 +125,11 @@ def fit_together(recs: list[TrialRecord], world_size: int) -> bool:
 
 def remeasure(
     ctx: TrialContext, baseline: TrialRecord, chosen: list[TrialRecord], out: Path,
-    recs: list[TrialRecord], deadline: float | None = None,
+    recs: list[TrialRecord], deadline: float | None = None, lent: Lease | None = None,
 ) -> Verdict:
-    """Measure the finalists again beside the baseline, in paired windows where they can be,
-    in interleaved worker groups where not; remeasure.csv, and the verdict read from it."""
+    """Measure the finalists again beside the baseline, in paired windows where they can be
+    (in ``lent``, the search's last group, when given), in interleaved worker groups where
+    not; remeasure.csv, and the verdict read from it."""
     _, env = derive_plan(ctx, baseline.params)
     switchable = [rec for rec in chosen if derive_plan(ctx, rec.params)[1] == env]
     window = list(switchable)
@@ -137,12 +139,14 @@ def remeasure(
     if window:
         floor = noise_floor(window_cvs(recs), ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
-        race.board = Board(out, "race")
+        race.board, race.lent = Board(out, "race"), lent
         race.run()
         rows += race.rows
         if race.ended:
             print(f"race: ended early: {race.ended}", flush=True)
     grouped = [rec for rec in chosen if rec not in window]
+    if lent is not None:
+        lent.close()  # the cluster free for the groups below (once: the race may have ended it)
     if grouped:
         memory = "it would not fit in memory beside the others"
         shown = ", ".join(

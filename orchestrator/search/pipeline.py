@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ from orchestrator.search.context import (
 from orchestrator.search.estimate import model_size
 from orchestrator.search.finalists import finalists, measure_on, noise_margin, remeasure
 from orchestrator.search.group_run import slowest_start
+from orchestrator.search.lease import Lease
 from orchestrator.search.proposer import Proposer, make_sampler, search_seeds, seed_count
 from orchestrator.search.results import (
+    TrialRecord,
     baseline_failure,
     baseline_record,
     memory_capacity_info,
@@ -118,16 +121,21 @@ def run_search(
         )
         storage = study.open_storage(config, out)
         seeds = carried_seeds(ctx, carried)
-        ran = _tune(ctx, storage, resume, out, deadline, seeds)
-        recs = records(optuna.load_study(study_name=config.name, storage=storage))
-        update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
-        lines = write_outputs(recs, config, space, out)  # written before re-measuring
-        if ran:  # the groups after the search start as fast as its own did, or hang sooner
-            adaptive = not resume and not config.cluster.autoscaling
-            seen = slowest_start(r.attrs for r in recs) if adaptive else None
-            ctx = dataclasses.replace(ctx, slowest_start_s=seen)
+        raced: list[Verdict | None] = []  # the verdict, where the search's last group raced
+
+        def race_in(lease: Lease) -> None:
+            recs = _written(ctx, storage, out)
+            raced.append(_remeasure(_after(ctx, recs, resume), recs, out, deadline, lease))
+
+        lend = race_in if config.search.remeasure_top else None
+        ran = _tune(ctx, storage, resume, out, deadline, seeds, lend)
+        recs = _written(ctx, storage, out)
+        lines = write_outputs(recs, config, space, out)
+        if ran:
+            ctx = _after(ctx, recs, resume)
+            verdict = raced[0] if raced else _remeasure(ctx, recs, out, deadline)
+            # after the verdict: its group would otherwise start cold behind this one
             info = update_run_info(out, evidence.measure_scaling(ctx, recs, deadline))
-            verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)
         elif base := baseline_record(recs, space.baseline()):  # a finished study, resumed
             verdict = measure_on(ctx, base, recs, out, deadline)
@@ -144,6 +152,25 @@ def run_search(
         ray.shutdown()
 
 
+def _written(
+    ctx: TrialContext, storage: optuna.storages.BaseStorage, out: Path
+) -> list[TrialRecord]:
+    """The study's records, their outputs written (before any re-measuring: a search whose
+    verdict never ends still leaves them)."""
+    recs = records(optuna.load_study(study_name=ctx.config.name, storage=storage))
+    update_run_info(out, memory_capacity_info(recs))  # for the doctor's memory rule
+    write_outputs(recs, ctx.config, ctx.space, out)
+    return recs
+
+
+def _after(ctx: TrialContext, recs: list[TrialRecord], resume: bool) -> TrialContext:
+    """The context of the groups after the search: they start as fast as its own did, or are
+    hangs sooner."""
+    adaptive = not resume and not ctx.config.cluster.autoscaling
+    seen = slowest_start(r.attrs for r in recs) if adaptive else None
+    return dataclasses.replace(ctx, slowest_start_s=seen)
+
+
 def _tune(
     ctx: TrialContext,
     storage: optuna.storages.BaseStorage,
@@ -151,9 +178,11 @@ def _tune(
     out: Path,
     deadline: float | None,
     seeds: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+    lend: Callable[[Lease], None] | None = None,
 ) -> bool:
-    """Run the trials still owed, ``seeds`` first after the baseline; False when there were
-    none (outputs are only rewritten)."""
+    """Run the trials still owed, ``seeds`` first after the baseline, and ``lend`` in the last
+    group where it can (``tuner.build_tuner``); False when there were none (outputs are only
+    rewritten)."""
     config, space = ctx.config, ctx.space
     existing = study.load(storage, config.name)
     if existing is not None and not resume:
@@ -203,11 +232,20 @@ def _tune(
         f" strategy {cfg.sampler}, {_evaluation(cfg)}); trial 0 is the untouched baseline",
         flush=True,
     )
-    started = time.monotonic()
+    started, lent_s = time.monotonic(), [0.0]
+
+    def timed(lease: Lease) -> None:  # the search's time is its trials', not the race's
+        begun = time.monotonic()
+        try:
+            lend(lease)
+        finally:
+            lent_s.append(time.monotonic() - begun)
+
     # Ctrl-C raises here rather than Tune's graceful stop, which would go on to re-measure.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
-        build_tuner(ctx, the_study, proposer, remaining, out, deadline).fit()
+        build_tuner(ctx, the_study, proposer, remaining, out, deadline,
+                    timed if lend else None).fit()  # fmt: skip
         ctrl_c.check()  # a Ctrl-C that Tune or Ray swallowed
     except KeyboardInterrupt:
         closed = study.close_interrupted(the_study, INTERRUPTED_WHY)
@@ -219,7 +257,7 @@ def _tune(
     if left:
         print(f"not run: trial(s) {', '.join(map(str, left))} were queued when the search "
               "ended; --resume runs them", flush=True)  # fmt: skip
-    add_search_wall(out, time.monotonic() - started)
+    add_search_wall(out, time.monotonic() - started - sum(lent_s))
     return True
 
 
@@ -274,9 +312,11 @@ def _evaluation(cfg: SearchConfig) -> str:
     return "cold evaluation: fresh workers for every configuration"
 
 
-def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None) -> Verdict | None:
+def _remeasure(
+    ctx: TrialContext, recs: list, out: Path, deadline: float | None, lent: Lease | None = None
+) -> Verdict | None:
     """Measure the finalists again beside the baseline (skipped when there is nothing to
-    compare or the time budget is spent)."""
+    compare or the time budget is spent), racing in ``lent`` when given."""
     base = baseline_record(recs, ctx.space.baseline())
     search = ctx.config.search
     margin = noise_margin(recs, search.verdict_delta, search.windows)
@@ -293,7 +333,7 @@ def _remeasure(ctx: TrialContext, recs: list, out: Path, deadline: float | None)
         f"of the best, at most {search.remeasure_top}), measured again beside the baseline",
         flush=True,
     )
-    return remeasure(ctx, base, chosen, out, recs, deadline)
+    return remeasure(ctx, base, chosen, out, recs, deadline, lent)
 
 
 def _context_info(context: SearchContext, topo: dict) -> RunInfo:

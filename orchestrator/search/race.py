@@ -34,6 +34,7 @@ from typing import Any
 from orchestrator.runfiles import Board
 from orchestrator.runfiles.remeasure import BASELINE, FINALIST, WINDOW, Remeasured, Rows, read_rows
 from orchestrator.search.group_run import GroupRun
+from orchestrator.search.lease import Lease
 from orchestrator.search.results import TrialRecord
 from orchestrator.search.trial import TrialContext, derive_plan
 from orchestrator.verdict.decide import KEEP, UNDECIDED, decide, measured_on
@@ -169,6 +170,9 @@ class Race:
         """The number of the race's first worker group (after those on record)."""
         self.race = 0
         """0, then 1, ... each time the race on record is measured on (``carry``)."""
+        self.lent: Lease | None = None
+        """The search's last group, lent (``search.lease``): the race's first group, warm
+        already; None: the race starts its own."""
 
     def carry(self, rows: Rows) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
@@ -216,7 +220,9 @@ class Race:
         )
         for attempt in range(self.first_attempt, self.first_attempt + GROUPS):
             self.slots, self.broken, self.finished, self.attempt = [], None, False, attempt
-            group = GroupRun(self.ctx, f"verdict_{attempt}", owned=True, out=self.say)
+            group = self.lent or GroupRun(self.ctx, f"verdict_{attempt}", owned=True,
+                                          out=self.say)  # fmt: skip
+            self.lent = None
             plans = self._schedule()
             group.run(((plan, env) for plan in plans), self._take, label=self._label)
             if self.finished or not self._alive():

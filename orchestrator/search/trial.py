@@ -22,6 +22,7 @@ from orchestrator.planning.costmodel import comm_bound
 from orchestrator.planning.from_config import plan_from_config
 from orchestrator.search.correctness import guard_check
 from orchestrator.search.group_run import START, GroupRun, slowest_start
+from orchestrator.search.lease import ENV, LABEL, PLAN, RESULTS
 from search_spaces import SearchSpace, is_env_name
 from train_fns import metrics as m
 from train_fns.hold import hold
@@ -100,6 +101,15 @@ class Member:
     or it has not completed yet (the configuration is then not checked)."""
 
 
+@dataclass(frozen=True)
+class Lent:
+    """A plan the driver sends to a group lent to it (``search.lease``): measured as is, its
+    outcome put in ``results``, not reported to Tune."""
+
+    label: str
+    results: Any
+
+
 WORK_TIMEOUT_S = 3600.0
 """How long a group waits for the searcher's next configuration before it ends."""
 
@@ -125,7 +135,7 @@ def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
             }
         )
 
-    members: list[Member] = []  # the feasible ones, in the group's order
+    members: list[Member | Lent] = []  # the feasible ones, in the group's order
     try:
         out = ctx.notices.put if ctx.notices is not None else say
         ctx = dataclasses.replace(ctx, slowest_start_s=config.get(SLOWEST_START))
@@ -133,6 +143,8 @@ def run_group(config: dict[str, Any], ctx: TrialContext) -> None:
         _measure(run, _members(config[WORK], ctx, report, members), members, ctx, report)
     except Exception as e:  # a driver-side bug must not kill the search; keep its trace
         victim = members[-1] if members else _unstarted(config[WORK])
+        if isinstance(victim, Lent):
+            return  # the driver's lease reads the group's end (``_measure``), not a report
         if victim is None:
             raise  # nothing was sent to it: Tune records the error and its traceback
         report(victim, {
@@ -154,11 +166,16 @@ def _unstarted(work: Any) -> Member | None:
 
 
 def _members(
-    work: Any, ctx: TrialContext, report: Callable, taken: list[Member]
+    work: Any, ctx: TrialContext, report: Callable, taken: list[Member | Lent]
 ) -> Iterator[tuple[TrialPlan, dict[str, str]]]:
     """(plan, env) of each configuration the searcher sends, appended to ``taken``; infeasible
-    ones are reported at once (and the searcher answers with the next)."""
+    ones are reported at once (and the searcher answers with the next). A lent plan (the
+    driver's, whole) is measured as it comes."""
     while (data := work.get(timeout=WORK_TIMEOUT_S)) is not None:
+        if PLAN in data:
+            taken.append(Lent(data[LABEL], data[RESULTS]))
+            yield TrialPlan.from_dict(data[PLAN]), data[ENV]
+            continue
         member = Member(**data)
         try:
             plan, env = derive_plan(ctx, member.params, ctx.faults.get(member.number))
@@ -178,9 +195,13 @@ def _members(
 
 
 def _measure(
-    run: Any, source: Iterator, members: list[Member], ctx: TrialContext, report: Callable
-) -> None:
+    run: Any, source: Iterator, members: list[Member | Lent], ctx: TrialContext,
+    report: Callable,
+) -> None:  # fmt: skip
     def emit(index: int, outcome: dict[str, Any]) -> None:
+        if isinstance(members[index], Lent):
+            members[index].results.put(outcome)
+            return
         plan = run.plans[index]
         outcome["env"], outcome["plan"] = run.env, plan.to_dict()
         if run.nodes:
@@ -192,7 +213,16 @@ def _measure(
                 outcome.update({m.STATE: m.CORRUPT, m.REASON: why})
         report(members[index], outcome)
 
-    run.run(source, emit, label=lambda index: f"trial {members[index].number}")
+    def label(index: int) -> str:
+        member = members[index]
+        return member.label if isinstance(member, Lent) else f"trial {member.number}"
+
+    try:
+        run.run(source, emit, label=label)
+    finally:
+        lent = next((mm for mm in members if isinstance(mm, Lent)), None)
+        if lent is not None:
+            lent.results.put(None)  # the group ended: the lease's end
 
 
 def measure_plans(

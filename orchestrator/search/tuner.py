@@ -19,6 +19,7 @@ from typing import Any
 
 import optuna
 from ray import tune
+from ray.tune import Callback
 from ray.tune.search import Searcher
 from ray.tune.utils.util import unflatten_dict
 
@@ -26,6 +27,7 @@ from orchestrator.cluster.placement import choose_nodes, trial_resources
 from orchestrator.cluster.session import driver_queue
 from orchestrator.runfiles import Board
 from orchestrator.search.group_run import slowest_start
+from orchestrator.search.lease import Lease, search_over
 from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
@@ -152,6 +154,11 @@ class GroupSearch(Searcher):
         no trial starts after it."""
         self.ending = ""
         """Why the search ends before its budget (``Proposer.settled``), until it is said."""
+        self.lend: Callable[[Lease], Any] | None = None
+        """What runs in the search's last group once it is measured (the verdict's race,
+        ``Handover``); None: the last group ends as the others do."""
+        self.lease: Lease | None = None
+        """The last group, lent and not yet handed over."""
 
     def suggest(self, trial_id: str) -> dict | str | None:
         self._say_ending()
@@ -280,11 +287,26 @@ class GroupSearch(Searcher):
         stop = self._out_of_time() or self.baseline_failed is not None
         if group.size < self.group_size and not stop:
             nxt = self._next(env=group.env)
+        if nxt is None and not stop and self._lend(group):
+            return  # the verdict's race goes on in it (``Handover``)
         if nxt is None:
             group.work.put(None)  # the group ends; a different environment needs new workers
         else:
             group.size += 1
             self._send(group, nxt)
+
+    def _lend(self, group: Group) -> bool:
+        """Keep the search's last group for the verdict's race (``lease``) where the race can
+        use it: it runs in the baseline's environment, and nothing else is left to measure."""
+        baseline_env = {**self.ctx.config.env, **self.ctx.space.env_vars(self.ctx.space.baseline())}
+        if self.lend is None or dict(group.env) != baseline_env or not search_over(
+            len(self.pending), self.asked, self.total, len(self.running)
+        ):  # fmt: skip
+            self.lend = None  # a later group is no longer the last one measured
+            return False
+        bound_s = 2 * self.ctx.config.search.trial_timeout_s  # the trial bounds each itself
+        self.lease = Lease(group.work, self.make_queue(), baseline_env, bound_s)
+        return True
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         self._say_ending()
@@ -329,15 +351,37 @@ class GroupSearch(Searcher):
         """Nothing to restore: ``--resume`` reopens the study."""
 
 
+class Handover(Callback):
+    """Hands the search's last group, once lent (``GroupSearch.lease``), to ``lend`` and ends
+    it afterwards; Tune's loop waits meanwhile, its trial running the lent plans. At a step's
+    end, not on the last result: the trial's ``tune.report`` returns only once Tune has asked
+    it to go on, which it does after the result's callbacks (the last trial's line printed)."""
+
+    def __init__(self, searcher: GroupSearch) -> None:
+        self.searcher = searcher
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        lease, lend = self.searcher.lease, self.searcher.lend
+        if lease is None or lend is None:
+            return
+        self.searcher.lease = self.searcher.lend = None
+        self.searcher._say_ending()  # an early end is the search's, said before the race
+        try:
+            lend(lease)
+        finally:
+            lease.close()
+
+
 def build_tuner(
     ctx: TrialContext, study: optuna.Study, proposer: Proposer, total: int, out_dir: Path,
-    deadline: float | None = None,
+    deadline: float | None = None, lend: Callable[[Lease], Any] | None = None,
 ) -> tune.Tuner:  # fmt: skip
-    """A Tuner over ``total`` new configurations, grouped into worker groups."""
+    """A Tuner over ``total`` new configurations, grouped into worker groups; ``lend`` (the
+    verdict's race) runs in the last group where it can (``GroupSearch._lend``)."""
     notices = driver_queue()  # the trials' heartbeat lines, printed by the driver
     ctx = dataclasses.replace(ctx, notices=notices)
     searcher = GroupSearch(ctx, study, proposer, total)
-    searcher.deadline = deadline
+    searcher.deadline, searcher.lend = deadline, lend
     searcher.board = Board(out_dir, "search")
     import ray
 
@@ -354,6 +398,6 @@ def build_tuner(
             name="tune",
             storage_path=str(out_dir.resolve()),
             verbose=0,
-            callbacks=[ProgressPrinter(notices), *tensorboard_loggers()],
+            callbacks=[ProgressPrinter(notices), Handover(searcher), *tensorboard_loggers()],
         ),
     )

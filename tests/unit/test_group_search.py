@@ -261,3 +261,39 @@ def test_a_settled_staged_search_asks_for_nothing_more(capsys: pytest.CaptureFix
     assert f"of {TOTAL} trials: the sampler's last 2 trial(s)" in out
     assert out.count("search: ending after") == 1
     assert search.suggest("after") == search.FINISHED
+
+
+def _run_lending(search: GroupSearch) -> list[ListQueue]:
+    """Drive the searcher as Tune does with a race to lend its last group to; the groups' work
+    queues (the lent one left open: the race, not the searcher, ends it)."""
+    search.lend, works, n = print, [], 0
+    while (config := search.suggest(f"t{n}")) not in (None, search.FINISHED):
+        work, told = config[WORK], 0
+        works.append(work)
+        while told < len(work.items) and work.items[told] is not None:
+            search.on_trial_result(f"t{n}", _result(work.items[told]["number"]))
+            told += 1
+        if search.lease is not None:
+            break
+        search.on_trial_complete(f"t{n}")
+        n += 1
+    return works
+
+
+def test_the_last_group_in_the_baselines_environment_is_lent_to_the_race() -> None:
+    search = _search(group_size=TOTAL, spaces=("accumulation",))
+    (work,) = _run_lending(search)
+    assert len(work.items) == TOTAL and None not in work.items, "the group is kept, not ended"
+    assert search.lease is not None and search.lease.work is work
+    assert search.lease.env == dict(search.ctx.config.env)
+
+
+def test_only_the_last_group_can_be_lent_and_only_in_the_baselines_environment() -> None:
+    search = _search(group_size=4)
+    works = _run_lending(search)
+    assert sum(len([i for i in w.items if i is not None]) for w in works) == TOTAL
+    assert all(w.items[-1] is None for w in works[:-1]), "every group but the last ends"
+    space = search.ctx.space
+    last_env = space.env_vars(works[-1].items[0]["params"])
+    lent = last_env == space.env_vars(space.baseline())
+    assert (search.lease is not None) == lent and (works[-1].items[-1] is None) != lent
