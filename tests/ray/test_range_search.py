@@ -40,7 +40,7 @@ def ranged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_the_primary_size_is_a_whole_smoke_search(ranged: tuple[Path, str]) -> None:
     out, text = ranged
-    assert "trial   0" in text and "[2 workers] best: trial" in text, text
+    assert "trial   0" in text and "[2 workers] kept: " in text, text
     assert "nccl dropped" in text, "gloo runs must say NCCL knobs are inert"
     verdicts = ("keep trial", "too noisy to decide", "no gain worth having")
     assert any(f"\n[2 workers] verdict: {v}" in text for v in verdicts), text

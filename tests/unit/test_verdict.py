@@ -186,10 +186,17 @@ def test_best_yaml_names_the_chosen_finalist_with_its_interval(tmp_path: Path) -
     assert head[1].startswith("# verdict, measured beside the baseline: keep trial 5: 1.20x")
     assert "from 2 paired runs" in head[1] and "δ 2%" in head[1]
     assert "keep trial 5" in lines[-1]
-    write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 1))
+    # one figure per claim: the race's ratio for the kept trial, the search's 1.36x a ranking
+    assert lines[0].startswith("kept: trial 5 at 1.20x baseline, measured beside it (the verdict")
+    assert "rank the trials, they do not claim: its fastest, trial 2 at 30.00" in lines[0]
+    lines = write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 1))
     head = (tmp_path / "best.yaml").read_text().splitlines()[:2]
     assert head[0].startswith("# commtune best configuration: trial 0,")  # too noisy: baseline
     assert "too noisy to decide" in head[1]
+    assert lines[0].startswith("kept: the baseline, the race kept no finalist (the verdict")
+    lines = write_outputs(recs, Config(), space, tmp_path)  # no race: a ranking, said so
+    assert lines[0].startswith("best: trial 2 at 30.00 samples/s = 1.36x baseline")
+    assert "no race measured it beside the baseline" in lines[0] and "kept" not in lines[0]
 
 
 def test_a_run_placed_otherwise_than_the_baseline_is_not_compared() -> None:
