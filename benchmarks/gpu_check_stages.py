@@ -63,16 +63,22 @@ def _as_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(re.match(r"\d*", part).group() or 0) for part in text.split("."))
 
 
+CUDA_SINCE = (12, 6)
+"""The oldest CUDA that PyTorch's official wheels of the torch floor (2.8) are built for: an
+older CUDA means a source build of torch that nothing here has run on."""
+
+
 def floors(pyproject: str, prefix_since: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
     """Each library's floor: pyproject's ``>=`` for torch and transformers, NCCL's from the
-    grammar module (the first NCCL to read ``coll:`` prefixes)."""
+    grammar module (the first NCCL to read ``coll:`` prefixes), CUDA's from the torch floor's
+    wheels (``CUDA_SINCE``)."""
     found = {}
     for package in ("torch", "transformers"):
         match = re.search(rf'"{package}>=([0-9.]+)', pyproject)
         if match is None:
             raise ValueError(f"pyproject.toml has no {package}>= floor")
         found[package] = _as_tuple(match.group(1))
-    return {**found, "NCCL": prefix_since}
+    return {**found, "NCCL": prefix_since, "CUDA": CUDA_SINCE}
 
 
 def version_lines(versions: dict[str, str | None], floor: dict[str, tuple[int, ...]]) -> list[str]:

@@ -15,14 +15,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_floors_are_pyprojects_and_the_grammars() -> None:
     floor = floors((ROOT / "pyproject.toml").read_text(), PREFIX_SINCE)
     assert floor["torch"] >= (2, 8) and floor["transformers"] >= (4, 56)
-    assert floor["NCCL"] == (2, 24)
+    assert floor["NCCL"] == (2, 24) and floor["CUDA"] == (12, 6)
 
 
 def test_a_library_below_its_floor_is_named() -> None:
-    floor = {"torch": (2, 8), "NCCL": (2, 24)}
+    floor = {"torch": (2, 8), "NCCL": (2, 24), "CUDA": (12, 6)}
     lines = version_lines({"torch": "2.11.0", "NCCL": "2.23.4", "CUDA": "12.8"}, floor)
-    assert lines == ["  torch 2.11.0 >= 2.8 ok", "  NCCL 2.23.4 >= 2.24 BELOW", "  CUDA 12.8"]
+    assert lines == ["  torch 2.11.0 >= 2.8 ok", "  NCCL 2.23.4 >= 2.24 BELOW",
+                     "  CUDA 12.8 >= 12.6 ok"]  # fmt: skip
+    assert version_lines({"CUDA": "12.4"}, floor) == ["  CUDA 12.4 >= 12.6 BELOW"]
     assert version_lines({"NCCL": None}, floor) == ["  NCCL None >= 2.24 none (no CUDA)"]
+    assert version_lines({"transformers": "5.2"}, floor) == ["  transformers 5.2"]
 
 
 def test_every_value_the_space_can_offer_is_checked() -> None:
