@@ -11,9 +11,6 @@ import pytest
 from _search import FAST, Holds, interrupt_in_second_trial
 from _search import cli as _cli
 
-from orchestrator.runfiles.remeasure import write_remeasure
-from orchestrator.verdict.decide import verdict_from_rows
-
 DEADLINE_S = 15
 
 
@@ -102,39 +99,6 @@ def test_time_budget_stops_cleanly_and_writes_outputs(tmp_path: Path) -> None:
     open_states = {optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING}
     assert not open_states & {t.state for t in study.trials}, "nothing queued stays behind"
     assert {r["number"] for r in rows} <= {str(t.number) for t in study.trials if t.datetime_start}
-
-
-@pytest.mark.slow  # 84 s and 40 s more on a 2-core machine
-def test_a_finished_study_whose_race_never_ended_races_on_resume(tmp_path: Path) -> None:
-    """A driver that died between its last trial and the end of its race leaves a finished
-    study and no remeasure.csv (here: a search without a race, then resumed with one):
-    ``--resume`` runs the race, and best.yaml says the verdict it reached. A verdict left
-    undecided (here: that record cut to its first two pairs) is measured on from its pairs by
-    the next ``--resume``, in a fresh worker group, its rows appended."""
-    out, keep = tmp_path / "raceless", ["--set", "search.prune=false", "--trials", "2"]
-    first = _cli([*FAST, *keep, "--out", str(out)])
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert not (out / "remeasure.csv").exists()
-    race = ["--set", "search.remeasure_top=1", "--set", "search.verdict_pairs=3"]
-    again = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "already has 2 of 2 trials" in again.stdout and "\nrace: trial 1" in again.stdout
-    record = list(csv.DictReader((out / "remeasure.csv").open()))
-    assert {r["pairing"] for r in record} == {"window"} and len(record) >= 2 + 2 * 3
-    line = verdict_from_rows(record).line()
-    assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
-    cut = [r for r in record if r["pair"] == "" or int(r["pair"]) < 2]
-    write_remeasure(out / "remeasure.csv", cut)
-    on = _cli([*FAST, *keep, *race, "--out", str(out), "--resume"])
-    assert on.returncode == 0, on.stdout[-3000:] + on.stderr[-3000:]
-    assert "measuring trial(s) 1 on from their pairs" in on.stdout
-    assert "2 pairs on record, at most 3 more" in on.stdout
-    record = list(csv.DictReader((out / "remeasure.csv").open()))
-    assert record[: len(cut)] == cut and len(record) > len(cut) + 1
-    assert {r["attempt"] for r in record[len(cut) :]} == {"1"}
-    line = verdict_from_rows(record).line()
-    assert f"\nverdict: {line}" in on.stdout
-    assert f"# verdict, measured beside the baseline: {line}" in (out / "best.yaml").read_text()
 
 
 def test_more_workers_than_the_cluster_holds_fails_fast(tmp_path: Path) -> None:

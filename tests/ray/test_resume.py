@@ -1,7 +1,14 @@
 """A search killed in trial 1 (its driver and everything it started, as a node loss takes them)
-resumes from another folder with the same ``--storage``, and a second ``--resume`` runs nothing
+resumes from another folder with the same ``--storage``, and a second ``--resume`` runs no trial
 again: on SQLite (a file shared by both folders) and on a real PostgreSQL server. The kill lands
-while trial 1 holds at its start (``train_fns.hold``), every time."""
+while trial 1 holds at its start (``train_fns.hold``), every time.
+
+The searches run without their verdict's race, so the finished study is one whose driver died
+between its last trial and the end of its race (no ``remeasure.csv``): the second ``--resume``
+runs that race (on SQLite only: proven once, it costs a worker group). A third
+``--resume``, after the race's record is cut to its first two pairs (a verdict left undecided),
+measures on from those pairs: one killed study proves all three, where each used to start
+searches of its own."""
 
 from __future__ import annotations
 
@@ -15,7 +22,12 @@ import pytest
 from _postgres import PASSWORD, binaries, server
 from _search import FAST, Holds, cli, kill_in_second_trial
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a killed search, 2 resumes
+from orchestrator.runfiles.remeasure import write_remeasure
+from orchestrator.verdict.decide import verdict_from_rows
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # a killed search, 2-3 resumes
+RACE = ["--set", "search.remeasure_top=1", "--set", "search.verdict_pairs=3"]
+"""The second ``--resume``'s race: one finalist, at most 3 pairs."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +38,8 @@ class Resumed:
     a: Path
     b: Path
     again: str
-    """What a second --resume said: nothing owed, the outputs rewritten."""
+    """What a second --resume said: no trial owed (on SQLite also the race its driver never
+    ran)."""
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -56,7 +69,8 @@ def resumed(storage: str, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     first = kill_in_second_trial([*args, "--out", str(a / "run")], storage, holds)
     proc = cli([*args, "--out", str(b / "run"), "--resume"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    again = cli([*args, "--out", str(b / "run"), "--resume"])
+    race = RACE if storage.startswith("sqlite") else []  # the race proven once: on SQLite
+    again = cli([*args, *race, "--out", str(b / "run"), "--resume"])
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     return Resumed(storage, first, proc.stdout + proc.stderr, a / "run", b / "run", again.stdout)
 
@@ -71,7 +85,7 @@ def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
     for name in ("best.yaml", "best.env", "trials.csv", "run_info.json", "report.html"):
         assert (b / name).is_file(), name
     assert not (resumed.a / "trials.csv").exists(), "A was killed before writing outputs"
-    assert "already has 2 of 2 trials" in resumed.again, "a finished study runs nothing again"
+    assert "already has 2 of 2 trials" in resumed.again, "a finished study runs no trial again"
     assert len(list(csv.DictReader((b / "trials.csv").open()))) == len(rows)
     if resumed.url.startswith("postgresql"):
         assert not any((d / "study.db").exists() for d in (resumed.a, b)), "it is in postgres"
@@ -93,3 +107,42 @@ def test_the_study_reads_back_through_optunas_public_api(resumed: Resumed) -> No
     assert killed.state == optuna.trial.TrialState.FAIL
     assert "driver died" in killed.user_attrs["reason"]
     assert study.best_trial.user_attrs["state"] == "complete"
+
+
+def test_a_finished_study_whose_race_never_ended_races_on_resume(resumed: Resumed) -> None:
+    """The race the killed driver never ran (no remeasure.csv) is run by ``--resume``, and
+    best.yaml says the verdict it reached."""
+    if not resumed.url.startswith("sqlite"):
+        assert "\nrace: " not in resumed.again  # without the race's settings: no race
+        pytest.skip("proven once, on SQLite: a race costs a worker group")
+    assert "\nrace: trial 2" in resumed.again, resumed.again[-3000:]
+    record = list(csv.DictReader((resumed.b / "remeasure.csv").open()))
+    assert {r["pairing"] for r in record} == {"window"} and len(record) >= 2 + 2 * 3
+    line = verdict_from_rows(record).line()
+    assert f"\nverdict: {line}" in resumed.again
+    assert f"# verdict, measured beside the baseline: {line}" in best_yaml(resumed)
+
+
+def test_an_undecided_race_on_record_is_measured_on_by_the_next_resume(resumed: Resumed) -> None:
+    """A verdict left undecided (here: the record cut to its first two pairs) is measured on
+    from its pairs by the next ``--resume``, in a fresh worker group, its rows appended."""
+    if not resumed.url.startswith("sqlite"):
+        pytest.skip("proven once, on SQLite: a race costs a worker group")
+    path = resumed.b / "remeasure.csv"
+    cut = [r for r in csv.DictReader(path.open()) if r["pair"] == "" or int(r["pair"]) < 2]
+    write_remeasure(path, cut)
+    args = [*FAST, "--trials", "2", "--set", "search.prune=false", "--storage", resumed.url]
+    on = cli([*args, *RACE, "--out", str(resumed.b), "--resume"])
+    assert on.returncode == 0, on.stdout[-3000:] + on.stderr[-3000:]
+    assert "measuring trial(s) 2 on from their pairs" in on.stdout, on.stdout[-3000:]
+    assert "2 pairs on record, at most 3 more" in on.stdout
+    record = list(csv.DictReader(path.open()))
+    assert record[: len(cut)] == cut and len(record) > len(cut) + 1
+    assert {r["attempt"] for r in record[len(cut) :]} == {"1"}
+    line = verdict_from_rows(record).line()
+    assert f"\nverdict: {line}" in on.stdout
+    assert f"# verdict, measured beside the baseline: {line}" in best_yaml(resumed)
+
+
+def best_yaml(resumed: Resumed) -> str:
+    return (resumed.b / "best.yaml").read_text()

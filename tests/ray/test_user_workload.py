@@ -121,8 +121,9 @@ def test_search_runs_the_users_workload_with_ddp_and_fsdp(searched) -> None:
 def test_training_the_users_workload_resumes_from_its_checkpoint(searched, tmp_path: Path) -> None:
     """That workload trains from best.yaml through the CLI, and --resume goes on from its
     checkpoint to exactly --steps. That a resumed run ends at the uninterrupted run's loss is
-    proven in-process (tests/dist/test_snapshots.py, test_elastic.py) and through Ray for the
-    built-in model (test_train.py): here a third cold training run would prove it again."""
+    proven in-process (tests/dist/test_snapshots.py, test_elastic.py), and that a resumed run
+    through Ray repeats the killed attempt's losses for the built-in model (test_train.py):
+    here a third cold training run would prove it again."""
     out, _ = searched
     base = ["--config", str(out / "best.yaml"), "--checkpoint-every", "2",
             "--set", "train.log_every=1", "--out", str(tmp_path / "run")]  # fmt: skip
