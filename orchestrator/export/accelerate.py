@@ -22,6 +22,12 @@ ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 CPU_VARIABLE = "ACCELERATE_USE_CPU"
 """CPU processes under Accelerate's torchrun launcher: each then runs gloo, as the search's CPU
 workers did (Accelerate's own multi-CPU launch goes through mpirun)."""
+CPU_NOTE = (
+    f"CPU workers: distributed_type {{MULTI_GPU, FSDP}} with use_cpu false is deliberate; "
+    f"{CPU_VARIABLE}=true in the launch makes each process a CPU one on gloo, started by "
+    "Accelerate's torchrun launcher (its MULTI_CPU launch would need mpirun)"
+)
+"""Said in the file's head on CPU, where MULTI_GPU and use_cpu false would read as a mistake."""
 PRECISIONS = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 DDP_KWARGS = ("bucket_cap_mb", "broadcast_buffers", "find_unused_parameters",
               "gradient_as_bucket_view", "static_graph")  # fmt: skip
@@ -144,6 +150,8 @@ def render(tuned: Tuned, script: str) -> Export:
         f"launch: {command}",
         f"your DataLoader: batch_size={tuned.micro_batch} (per process)",
     ]
+    if not tuned.use_gpu:
+        head.append(CPU_NOTE)
     head += [f"not expressed: {u.line()}" for u in missing]
     text = "".join(f"# {line}\n" for line in head) + yaml.safe_dump(config, sort_keys=False)
     settings = {"config_file": config, "environment": env, "launch": command,

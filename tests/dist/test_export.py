@@ -136,6 +136,11 @@ def test_fsdp_options_a_target_lacks_are_named(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run", fsdp)
     accelerate = export_to(run, "accelerate")
     assert accelerate.settings["config_file"]["distributed_type"] == "FSDP"
+    # on CPU the file says why it names a GPU type and use_cpu false (the launch's variable)
+    assert "# CPU workers: distributed_type {MULTI_GPU, FSDP} with use_cpu false is" in (
+        accelerate.text
+    )
+    assert accelerate.settings["environment"]["ACCELERATE_USE_CPU"] == "true"
     assert accelerate.settings["config_file"]["fsdp_config"]["fsdp_version"] == 2
     named = {u.key for u in accelerate.unexpressed}
     assert {"reshard_after_forward", "forward_prefetch"} <= named
