@@ -140,7 +140,10 @@ def remeasure(
         floor = noise_floor(window_cvs(recs), ctx.config.search.windows)
         race = Race(ctx, baseline, window, deadline=deadline, floor=floor)
         race.board, race.lent = Board(out, "race"), lent
-        race.run()
+        try:
+            race.run()
+        finally:
+            race.board.close()
         rows += race.rows
         if race.ended:
             print(f"race: ended early: {race.ended}", flush=True)
@@ -200,8 +203,11 @@ def measure_on(
     race.delta = delta
     race.board = Board(out, "race")
     race.carry(rows)
-    if any(entrant.out is None for entrant in race.entrants):
-        race.run()
+    try:
+        if any(entrant.out is None for entrant in race.entrants):
+            race.run()
+    finally:
+        race.board.close()
     rows = rows + race.rows
     write_remeasure(path, rows)
     return verdict_from_rows(rows, delta)

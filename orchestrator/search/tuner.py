@@ -355,7 +355,8 @@ class Handover(Callback):
     """Hands the search's last group, once lent (``GroupSearch.lease``), to ``lend`` and ends
     it afterwards; Tune's loop waits meanwhile, its trial running the lent plans. At a step's
     end, not on the last result: the trial's ``tune.report`` returns only once Tune has asked
-    it to go on, which it does after the result's callbacks (the last trial's line printed)."""
+    it to go on, which it does after the result's callbacks (the last trial's line printed).
+    At the experiment's end it closes the search's TensorBoard board."""
 
     def __init__(self, searcher: GroupSearch) -> None:
         self.searcher = searcher
@@ -370,6 +371,10 @@ class Handover(Callback):
             lend(lease)
         finally:
             lease.close()
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self.searcher.board is not None:  # its event file complete, its writer thread ended
+            self.searcher.board.close()
 
 
 def build_tuner(

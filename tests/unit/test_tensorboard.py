@@ -129,3 +129,18 @@ def test_a_board_pickles_as_its_folder(tmp_path: Path) -> None:
     again.close()
     assert [v for _, v in _scalars(tmp_path / TENSORBOARD_DIR / "search")["samples_per_s"]] == [
         1.0, 2.0]  # fmt: skip
+
+
+def test_the_search_closes_its_board_when_the_experiment_ends(tmp_path: Path) -> None:
+    """The search's board is written from the driver as trials end; Tune's end of the
+    experiment closes it (its writer's thread ended), as a training run closes its own."""
+    from types import SimpleNamespace
+
+    from orchestrator.search.tuner import Handover
+
+    board = Board(tmp_path, "search")
+    board.add({"samples_per_s": 3.0}, 0, "trial/")
+    writer = board._writer
+    assert writer is not None
+    Handover(SimpleNamespace(board=board, lease=None, lend=None)).on_experiment_end([])
+    assert board._writer is None and writer.all_writers is None  # SummaryWriter.close()
