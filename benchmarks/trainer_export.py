@@ -53,17 +53,18 @@ def export_settings(run: Path) -> dict[str, Any]:
 
 
 def verdict_line(run: Path) -> str:
-    """What the search said of its kept configuration: best.yaml's header comment and the
-    entry's searched figure (``sizes``), or that there is none."""
+    """What the search said of its kept configuration: the verdict line of best.yaml's header
+    (not its other comment lines) and the entry's searched figure (``sizes``), or that there is
+    none."""
     from orchestrator.export.entry import best_path
+    from orchestrator.search.results import VERDICT_HEADER
 
-    path = best_path(run)
-    text = path.read_text()
-    header = " ".join(line.lstrip("# ").strip() for line in text.splitlines()
-                      if line.startswith("#"))  # fmt: skip
+    text = best_path(run).read_text()
+    said = next((line.removeprefix(VERDICT_HEADER) for line in text.splitlines()
+                 if line.startswith(VERDICT_HEADER)), None)  # fmt: skip
     entry = (yaml.safe_load(text).get("sizes") or {}).get(WORLD) or {}
     figure = entry.get("samples_per_s")
-    parts = [header or f"no verdict recorded (no search behind this {BEST_YAML})"]
+    parts = [said or f"no verdict recorded (no search behind this {BEST_YAML})"]
     if figure:
         parts.append(f"searched at {figure} samples/s in commtune's own loop")
     return "; ".join(parts)

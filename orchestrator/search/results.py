@@ -208,6 +208,10 @@ def best_config(config: Config, space: SearchSpace, best: TrialRecord) -> Config
     )
 
 
+VERDICT_HEADER = "# verdict, measured beside the baseline: "
+"""best.yaml's header line that carries the verdict, for readers of it (a benchmark's record)."""
+
+
 def write_outputs(
     recs: list[TrialRecord],
     config: Config,
@@ -234,7 +238,7 @@ def write_outputs(
     header = ""
     if verdict is not None and verdict.comparisons:
         lines.append("verdict: " + verdict.line())
-        header = f"# verdict, measured beside the baseline: {verdict.line()}\n"
+        header = f"{VERDICT_HEADER}{verdict.line()}\n"
         if verdict.chosen is not None:
             best = next(r for r in recs if r.number == verdict.chosen.number)
         elif base is not None:

@@ -221,3 +221,22 @@ def test_the_scaled_mad_ignores_one_outlier() -> None:
     deviation from the median, scaled to a normal standard deviation."""
     assert scaled_mad([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(MAD_SCALE)
     assert scaled_mad([5.0, 5.0, 5.0]) == 0.0
+
+
+def test_the_trainer_benchmark_records_the_verdict_line_alone(tmp_path: Path) -> None:
+    """benchmarks.trainer_export's record takes best.yaml's verdict line, not the header's
+    other comment lines glued to it (the trial's figure, how it was measured)."""
+    from benchmarks.trainer_export import verdict_line
+    from orchestrator.config.schema import Config
+    from orchestrator.search.results import write_outputs
+    from search_spaces import SearchContext, SearchSpace, load_spaces
+
+    context = SearchContext("gloo", "ddp", False, world_size=2, num_nodes=1, global_batch=16)
+    space = SearchSpace(load_spaces(["accumulation"]), context)
+    points = [p for p in space.grid() if p != space.baseline()]
+    recs = [TrialRecord(n, m.COMPLETE, "", space.baseline() if n == 0 else points[n % 2],
+                        {m.SAMPLES_PER_S: 22.0 + n}) for n in (0, 1, 2, 5)]  # fmt: skip
+    write_outputs(recs, Config(), space, tmp_path, judge(ISSUE_18, 3))
+    assert verdict_line(tmp_path) == judge(ISSUE_18, 3).line()
+    (tmp_path / "best.yaml").write_text("strategy: ddp\n")
+    assert verdict_line(tmp_path).startswith("no verdict recorded")
