@@ -1,0 +1,137 @@
+"""Large models: no rank but rank 0 builds the whole model, and every rank still starts from
+exactly the weights a whole build has (buffers and tied weights included), its own shard of
+them under FSDP2. A user's workload may build on meta too, handing rank 0's weights over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from _spawn import run_distributed
+from _tiny import CPU, GLOBAL_BATCH, step_losses, tiny_plan
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from train_fns.loop import make_workload
+from train_fns.models import build_model
+from train_fns.plan import TrialPlan
+from train_fns.strategies import wrap_model
+from train_fns.weights import canonical_name, full_state
+
+TINY_LLAMA = {
+    "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+}  # fmt: skip
+"""A rotary model: its frequencies are a buffer no state dict holds, and its head is tied."""
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes with storage behind them (a meta tensor has none; a DTensor counts its shard)."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local if not t.is_meta)
+
+
+def _weights(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The whole model's weights as every rank sees them, by canonical name."""
+    inner = model if sharded else model.module
+    options = StateDictOptions(full_state_dict=True)
+    state = get_model_state_dict(inner, options=options) if sharded else inner.state_dict()
+    state.update((canonical_name(n), b) for n, b in inner.named_buffers())
+    return {canonical_name(k): v.detach().clone() for k, v in state.items()}
+
+
+def _built(rank: int, world: int, plans: list[dict]) -> list[dict]:
+    """Per plan: bytes each rank's workload holds before wrapping and after, whether its head
+    is still tied, and whether its weights equal a whole build's."""
+    out = []
+    for data in plans:
+        plan = TrialPlan.from_dict(data)
+        workload = make_workload(plan, rank, CPU)
+        before = _bytes(list(workload.model.parameters()))
+        sharded = plan.strategy == "fsdp"
+        model = wrap_model(workload.model, plan, CPU, workload.blocks, workload.full_state)
+        inner = model if sharded else model.module
+        whole = full_state(build_model(plan))
+        got = _weights(model, sharded)
+        out.append({
+            "before": before,
+            "after": _bytes(list(model.parameters())),
+            "whole": _bytes(list(whole.values())),
+            "tied": inner.get_output_embeddings().weight is inner.get_input_embeddings().weight,
+            "equal": sorted(got) == sorted(whole)
+            and all(torch.equal(got[k], whole[k]) for k in whole),
+        })  # fmt: skip
+    return out
+
+
+def test_only_rank_0_builds_the_whole_model_and_every_rank_gets_its_weights() -> None:
+    llama = {"model": "llama", "task": "clm", "model_overrides": TINY_LLAMA}
+    plans = [
+        tiny_plan(),
+        tiny_plan(strategy="fsdp"),
+        tiny_plan(strategy="fsdp", activation_checkpointing=True),
+        tiny_plan(**llama),
+        tiny_plan(strategy="fsdp", **llama),
+    ]
+    ranks = run_distributed(_built, [plan.to_dict() for plan in plans])
+    for plan, zero, one in zip(plans, *ranks, strict=True):
+        assert zero["equal"] and one["equal"], plan
+        assert zero["tied"] and one["tied"], plan
+        assert zero["before"] == one["before"] == 0, (plan, zero, one)  # meta until wrapped
+        if plan.strategy == "fsdp":  # each rank keeps its half (blocks padded to the world)
+            assert one["after"] < 0.6 * one["whole"], (plan, one)
+
+
+META_WORKLOAD = '''
+import torch
+from torch import nn
+from train_fns.weights import full_state
+
+def make_workload(ctx):
+    def build():
+        torch.manual_seed(ctx.seed)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.device("meta"):
+        model = build()
+    state = full_state(build()) if ctx.rank == 0 and ctx.options.get("hand_over") else None
+    xs = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    return {
+        "model": model, "blocks": [model[0], model[2]], "full_state": state,
+        "batch": lambda indices: xs[indices],
+        "loss": lambda model, batch: model(batch).pow(2).mean(),
+    }
+'''
+
+
+def _trained(rank: int, world: int, plans: list[dict]) -> list:
+    """Per plan: its first two steps' losses, or the text of the RuntimeError that stopped
+    building it."""
+    out: list = []
+    for data in plans:
+        try:
+            out.extend(step_losses(rank, world, [data], 2))
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+def _meta_plan(path: Path, strategy: str, hand_over: bool) -> TrialPlan:
+    return TrialPlan(
+        model="meta-mlp", task=None, seq_len=1, global_batch=GLOBAL_BATCH, world_size=2,
+        accumulation_steps=1, micro_batch=GLOBAL_BATCH // 2, strategy=strategy,
+        entrypoint=f"{path}:make_workload", options={"hand_over": hand_over}, lr=1e-2,
+    )  # fmt: skip
+
+
+def test_a_users_meta_model_trains_from_rank_0s_weights_or_stops_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "meta_workload.py"
+    path.write_text(META_WORKLOAD)
+    plans = [_meta_plan(path, s, hand_over=True) for s in ("ddp", "fsdp")]
+    plans.append(_meta_plan(path, "fsdp", hand_over=False))
+    zero, one = run_distributed(_trained, [plan.to_dict() for plan in plans])
+    assert zero[0] == one[0] == zero[1] == one[1], (zero, one)  # the same training either way
+    assert len(zero[0]) == 2 and zero[0][0] != zero[0][1], zero  # and it trains
+    for stopped in (zero[2], one[2]):
+        assert "rank 0 has no weights" in stopped and "full_state" in stopped, stopped
