@@ -83,6 +83,36 @@ def test_a_raising_make_workload_names_the_entrypoint(tmp_path: Path) -> None:
         check_entrypoint(config_for(f"{path}:make_workload"))
 
 
+META = """
+import torch
+from torch import nn
+from train_fns.weights import full_state
+
+def make_workload(ctx):
+    def build():
+        return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with torch.device("meta"):
+        model = build()
+    model[1].weight = model[0].weight  # a tie the weights must keep
+    real = build()
+    real[1].weight = real[0].weight
+    state = full_state(real) if ctx.options.get("hand_over") else None
+    return {"model": model, "full_state": state, "batch": lambda idx: torch.ones(len(idx), 4),
+            "loss": lambda m, b: m(b).sum()}
+"""
+
+
+def test_a_meta_model_is_checked_with_rank_0s_weights_or_named_without_them(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, META)
+    with pytest.raises(ConfigError, match="meta-device model: .*returns `full_state`") as info:
+        check_entrypoint(config_for(f"{path}:make_workload"))
+    assert info.value.key == "workload.entrypoint"
+    shape = check_entrypoint(config_for(f"{path}:make_workload", **{"options.hand_over": "true"}))
+    assert shape is not None and shape.unused == () and not shape.probe_failed, shape
+
+
 def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config_for(f"{write(tmp_path, GOOD)}:make_workload", task="mlm")
