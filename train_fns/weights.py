@@ -7,9 +7,13 @@ into shards first, each rank then allocates only its own shard on its device, an
 one rank that built the model for real (seeded, or from local weights), broadcasts one tensor
 at a time, of which every rank keeps its slice (torch's distributed state-dict loader). Under
 DDP every rank holds the whole model anyway: rank 0 fills its copy and DDP's constructor
-broadcasts it, as it does for every model. Either way the weights are exactly those of a whole
-build, so every configuration of a study starts from the same point whatever its strategy
-(the correctness guard compares their losses).
+broadcasts its parameters, as it does for every model. The buffers are broadcast here, every one
+in the order the model registered them (DDP broadcasts none under ``broadcast_buffers=False``,
+FSDP2 never does), never in a set's order: a set of names iterates by their hashes, which differ
+between processes (Python's hash seed), and two same-shaped buffers then arrive under each
+other's names on some ranks (BERT's position and token type ids). Either way the weights are
+exactly those of a whole build, so every configuration of a study starts from the same point
+whatever its strategy (the correctness guard compares their losses).
 """
 
 from __future__ import annotations
@@ -51,12 +55,9 @@ def full_state(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def _non_persistent_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """The buffers a state dict leaves out, by canonical name."""
-    return {canonical_name(f"{prefix}.{name}".lstrip(".")): module._buffers[name]
-            for prefix, module in model.named_modules()
-            for name in module._non_persistent_buffers_set
-            if module._buffers.get(name) is not None}  # fmt: skip
+def _persistent(model: nn.Module) -> set[str]:
+    """The canonical names a state dict holds (parameters and persistent buffers)."""
+    return {canonical_name(name) for name in model.state_dict()}
 
 
 def _keeping_ties(model: nn.Module, move: Callable[[], object]) -> None:
@@ -78,8 +79,9 @@ def materialise(
     """Give a meta-built ``model`` storage on ``device`` and rank 0's weights ``state``
     (``full_state`` of a whole build; None on the other ranks). ``sharded``: FSDP2 has cut the
     model, and every rank keeps its slice of each broadcast tensor (collectives: every rank
-    calls this at the same point); else only rank 0 is filled, for DDP's constructor to
-    broadcast. Without a process group the caller is rank 0 (the driver's check)."""
+    calls this at the same point); else only rank 0's parameters are filled, for DDP's
+    constructor to broadcast. Every buffer is then broadcast from rank 0, in the order the model
+    registered them. Without a process group the caller is rank 0 (the driver's check)."""
     grouped = dist.is_initialized()  # the driver checks a user's workload without a group
     rank = dist.get_rank() if grouped else 0
     has_state = torch.tensor([float(state is not None)], device=collective_device())
@@ -91,16 +93,16 @@ def materialise(
             "builds its model on meta returns `full_state` (the whole model's state dict) on rank 0"
         )
     _keeping_ties(model, lambda: model.to_empty(device=device))
-    extra = _non_persistent_buffers(model)
-    weights = {k: v for k, v in state.items() if k not in extra} if rank == 0 else {}
+    kept = _persistent(model)
+    weights = {k: v for k, v in state.items() if k in kept} if rank == 0 else {}
     with torch.no_grad():
         if sharded:
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(model, weights, options=options)
         elif rank == 0:
             model.load_state_dict(weights)
-        for name, buffer in extra.items():
+        for name, buffer in model.named_buffers():  # registration order: alike on every rank
             if rank == 0:
-                buffer.copy_(state[name])
-            if sharded:  # FSDP2 leaves buffers as they are; DDP broadcasts them itself
+                buffer.copy_(state[canonical_name(name)])
+            if grouped:
                 dist.broadcast(buffer, src=0)

@@ -4,6 +4,7 @@ them under FSDP2. A user's workload may build on meta too, handing rank 0's weig
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from train_fns.loop import make_workload
 from train_fns.models import build_model
 from train_fns.plan import TrialPlan
 from train_fns.strategies import wrap_model
-from train_fns.weights import canonical_name, full_state
+from train_fns.weights import canonical_name, full_state, materialise
 
 TINY_LLAMA = {
     "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -135,3 +136,42 @@ def test_a_users_meta_model_trains_from_rank_0s_weights_or_stops_on_every_rank(
     assert len(zero[0]) == 2 and zero[0][0] != zero[0][1], zero  # and it trains
     for stopped in (zero[2], one[2]):
         assert "rank 0 has no weights" in stopped and "full_state" in stopped, stopped
+
+
+class _Ordered(set):
+    """A set that iterates its names sorted, or reversed: two processes whose hash seeds
+    differ (every Ray worker draws its own) may iterate one set of names in either order."""
+
+    reverse = False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set.__iter__(self), reverse=self.reverse))
+
+
+def _buffers_filled(rank: int, world: int, plans: list[dict]) -> list[bool]:
+    """Per plan: whether every buffer equals a whole build's once rank 0's weights are filled
+    in (under FSDP2 by wrapping, under DDP before its constructor, which on an older torch
+    broadcasts no buffer at ``broadcast_buffers=False``), rank 1 iterating every module's
+    set of non-persistent buffer names in the other order."""
+    out = []
+    for data in plans:
+        plan = TrialPlan.from_dict(data)
+        workload = make_workload(plan, rank, CPU)
+        for module in workload.model.modules():
+            names = _Ordered(module._non_persistent_buffers_set)
+            names.reverse = rank == 1
+            module._non_persistent_buffers_set = names
+        model = workload.model
+        if plan.strategy == "fsdp":
+            model = wrap_model(model, plan, CPU, workload.blocks, workload.full_state)
+        else:
+            materialise(model, workload.full_state, CPU, sharded=False)
+        whole = dict(build_model(plan).named_buffers())
+        out.append(all(torch.equal(b, whole[n]) for n, b in model.named_buffers()))
+    return out
+
+
+def test_every_buffer_reaches_its_own_name_whatever_order_a_process_sees_names_in() -> None:
+    plans = [tiny_plan(strategy="fsdp"), tiny_plan()]  # BERT: position and token type ids
+    zero, one = run_distributed(_buffers_filled, [plan.to_dict() for plan in plans])
+    assert zero == one == [True, True], (zero, one)
