@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train_fns.plan import TrialPlan
 from train_fns.unused import UnusedParameters
-from train_fns.weights import materialise, on_meta
+from train_fns.weights import materialise, on_meta_everywhere
 from train_fns.workload import default_blocks
 
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -141,6 +141,7 @@ def _wrap_fsdp(
     device: torch.device,
     blocks: list[nn.Module],
     state: Mapping[str, Tensor] | None,
+    meta: bool,
 ) -> nn.Module:
     """Shard each block, then the root (embeddings, tied LM head, final norm).
 
@@ -164,7 +165,7 @@ def _wrap_fsdp(
     # backward (an explicit True re-gathered it every micro-step: the embeddings and LM head,
     # or the whole model where it is one unit)
     fully_shard(model, **{**options, "reshard_after_forward": None})
-    if on_meta(model):
+    if meta:
         materialise(model, state, device, sharded=True)
     set_prefetch(blocks, plan.fsdp.forward_prefetch, plan.fsdp.backward_prefetch)
     if plan.unused_parameters:
@@ -188,14 +189,15 @@ def wrap_model(
             "wrap_model needs an initialised torch.distributed process group "
             "(Ray Train sets one up; tests use gloo)"
         )
+    meta = on_meta_everywhere(model)
     needs_blocks = plan.activation_checkpointing or plan.strategy == "fsdp"
     if needs_blocks and blocks is None:
         blocks = default_blocks(model)
     if plan.activation_checkpointing:
         blocks = apply_activation_checkpointing(model, blocks)
     if plan.strategy == "fsdp":
-        return _wrap_fsdp(model, plan, device, blocks, state)
-    if on_meta(model):
+        return _wrap_fsdp(model, plan, device, blocks, state, meta)
+    if meta:
         materialise(model, state, device, sharded=False)
     return _wrap_ddp(model.to(device), plan, device)
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from train_fns.ranks import collective_device
+from train_fns.ranks import reduce_over_ranks, side_group
 
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 """What ``checkpoint_wrapper`` inserts into parameter names; strip it to compare names."""
@@ -46,11 +46,28 @@ def on_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
 
 
+def on_meta_everywhere(model: nn.Module) -> bool:
+    """``on_meta``, agreed by every rank (a collective in a process group): a rank that built
+    its model for real would skip the broadcasts its peers wait in, so a model on meta on some
+    ranks only stops every rank, saying so."""
+    mine = on_meta(model)
+    if not dist.is_initialized():
+        return mine
+    some, not_all = reduce_over_ranks([float(mine), float(not mine)], "max")
+    if some and not_all:
+        raise RuntimeError(
+            "the model is on the meta device on some ranks only: a workload builds it on meta "
+            "on every rank (and returns `full_state` on rank 0) or on none"
+        )
+    return mine
+
+
 def full_state(model: nn.Module) -> dict[str, Tensor]:
     """What rank 0 hands a meta build: ``model``'s state dict and its non-persistent buffers
-    (rotary frequencies, position ids), which a state dict leaves out and a meta build lacks."""
+    (rotary frequencies, position ids), which a state dict leaves out and a meta build lacks;
+    a buffer several modules share under each of its names."""
     state = model.state_dict()
-    for name, buffer in model.named_buffers():
+    for name, buffer in model.named_buffers(remove_duplicate=False):
         state.setdefault(canonical_name(name), buffer)
     return state
 
@@ -60,38 +77,85 @@ def _persistent(model: nn.Module) -> set[str]:
     return {canonical_name(name) for name in model.state_dict()}
 
 
+def _problem(model: nn.Module, state: Mapping[str, Tensor] | None) -> str | None:
+    """Why rank 0's ``state`` cannot fill the meta-built ``model`` (None: it can): missing,
+    unexpected or misshapen names, judged before any rank allocates or waits."""
+    if state is None:
+        return ("the model is on the meta device but rank 0 has no weights for it: a workload "
+                "that builds its model on meta returns `full_state` (the whole model's state "
+                "dict) on rank 0")  # fmt: skip
+    want = {canonical_name(n): tuple(t.shape) for n, t in model.state_dict().items()}
+    want.update((canonical_name(n), tuple(b.shape))
+                for n, b in model.named_buffers(remove_duplicate=False))  # fmt: skip
+    got = {name: tuple(t.shape) for name, t in state.items()}
+    missing, unexpected = want.keys() - got.keys(), got.keys() - want.keys()
+    faults = [f"missing {_names(missing)}"] if missing else []
+    faults += [f"unexpected {_names(unexpected)}"] if unexpected else []
+    faults += [f"{name} is {list(got[name])}, the model's {list(want[name])}"
+               for name in sorted(want.keys() & got.keys()) if got[name] != want[name]]  # fmt: skip
+    if not faults:
+        return None
+    return f"rank 0's full_state does not fit the model: {'; '.join(faults[:4])}"
+
+
+def _names(names: set[str], shown: int = 4) -> str:
+    """Up to ``shown`` of ``names``, sorted, and how many more."""
+    first = sorted(names)[:shown]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(first) + more
+
+
+def _stop_alike(problem: str | None) -> None:
+    """Raise rank 0's ``problem`` on every rank (a collective in a process group), so that no
+    rank waits in a broadcast a failed peer never joins."""
+    if dist.is_initialized():
+        said = [problem]
+        dist.broadcast_object_list(said, src=0, group=side_group())
+        problem = said[0]
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
 def _keeping_ties(model: nn.Module, move: Callable[[], object]) -> None:
-    """Run ``move`` (``to_empty``) and tie again the parameters that were one object before
-    (a tied LM head and embedding): leaving meta, ``to_empty`` makes each slot a new
-    parameter, and an untied head would get its own gradient and no update from the other."""
-    slots = [(module, name, id(param)) for module in model.modules()
-             for name, param in module._parameters.items() if param is not None]  # fmt: skip
+    """Run ``move`` (``to_empty``, or a load that assigns) and tie again the tensors that were
+    one object before: leaving meta, each slot gets a new tensor, and an untied LM head would
+    get its own gradient and no update from the embedding, a shared buffer a copy per module."""
+    slots = [(owner, name, id(tensor)) for module in model.modules()
+             for owner in (module._parameters, module._buffers)
+             for name, tensor in owner.items() if tensor is not None]  # fmt: skip
     move()
-    first: dict[int, nn.Parameter] = {}
-    for module, name, key in slots:
-        param = first.setdefault(key, module._parameters[name])
-        module._parameters[name] = param
+    first: dict[int, Tensor] = {}
+    for owner, name, key in slots:
+        owner[name] = first.setdefault(key, owner[name])
+
+
+def _assign(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Make ``state``'s tensors the model's own (no copy): parameters and persistent buffers
+    through ``load_state_dict(assign=True)``, the other buffers slot by slot."""
+    kept = _persistent(model)
+    model.load_state_dict({k: v for k, v in state.items() if k in kept}, assign=True)
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name in list(module._buffers):
+            key = canonical_name(f"{prefix}.{name}".lstrip("."))
+            if key not in kept and module._buffers[name] is not None:
+                module._buffers[name] = state[key]
 
 
 def materialise(
     model: nn.Module, state: Mapping[str, Tensor] | None, device: torch.device, sharded: bool
 ) -> None:
-    """Give a meta-built ``model`` storage on ``device`` and rank 0's weights ``state``
-    (``full_state`` of a whole build; None on the other ranks). ``sharded``: FSDP2 has cut the
-    model, and every rank keeps its slice of each broadcast tensor (collectives: every rank
-    calls this at the same point); else only rank 0's parameters are filled, for DDP's
-    constructor to broadcast. Every buffer is then broadcast from rank 0, in the order the model
-    registered them. Without a process group the caller is rank 0 (the driver's check)."""
-    grouped = dist.is_initialized()  # the driver checks a user's workload without a group
-    rank = dist.get_rank() if grouped else 0
-    has_state = torch.tensor([float(state is not None)], device=collective_device())
-    if grouped:
-        dist.broadcast(has_state, src=0)  # every rank stops alike, none waits in a broadcast
-    if not has_state.item():
-        raise RuntimeError(
-            "the model is on the meta device but rank 0 has no weights for it: a workload that "
-            "builds its model on meta returns `full_state` (the whole model's state dict) on rank 0"
-        )
+    """Give a meta-built ``model`` rank 0's weights ``state`` (``full_state`` of a whole build;
+    None on the other ranks), checked on rank 0 first. Without a process group (the driver's
+    check) the model takes ``state``'s tensors themselves, not a second copy. In a group
+    (every rank calls this at the same point: collectives) it gets storage on ``device``;
+    ``sharded``: FSDP2 has cut the model, and every rank keeps its slice of each broadcast
+    tensor; else only rank 0's parameters are filled, for DDP's constructor to broadcast.
+    Every buffer is then broadcast from rank 0, in the order the model registered them."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    _stop_alike(_problem(model, state) if rank == 0 else None)
+    if not dist.is_initialized():
+        _keeping_ties(model, lambda: _assign(model, state))
+        return
     _keeping_ties(model, lambda: model.to_empty(device=device))
     kept = _persistent(model)
     weights = {k: v for k, v in state.items() if k in kept} if rank == 0 else {}
@@ -104,5 +168,4 @@ def materialise(
         for name, buffer in model.named_buffers():  # registration order: alike on every rank
             if rank == 0:
                 buffer.copy_(state[canonical_name(name)])
-            if grouped:
-                dist.broadcast(buffer, src=0)
+            dist.broadcast(buffer, src=0)

@@ -12,7 +12,8 @@ from _spawn import run_distributed
 from _tiny import CPU, GLOBAL_BATCH, step_losses, tiny_plan
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from train_fns.loop import make_workload
+from train_fns import tuned
+from train_fns.loop import build_runner, make_workload
 from train_fns.models import build_model
 from train_fns.plan import TrialPlan
 from train_fns.strategies import wrap_model
@@ -116,11 +117,11 @@ def _trained(rank: int, world: int, plans: list[dict]) -> list:
     return out
 
 
-def _meta_plan(path: Path, strategy: str, hand_over: bool) -> TrialPlan:
+def _meta_plan(path: Path, strategy: str, **options: bool) -> TrialPlan:
     return TrialPlan(
         model="meta-mlp", task=None, seq_len=1, global_batch=GLOBAL_BATCH, world_size=2,
         accumulation_steps=1, micro_batch=GLOBAL_BATCH // 2, strategy=strategy,
-        entrypoint=f"{path}:make_workload", options={"hand_over": hand_over}, lr=1e-2,
+        entrypoint=f"{path}:make_workload", options=options, lr=1e-2,
     )  # fmt: skip
 
 
@@ -175,3 +176,97 @@ def test_every_buffer_reaches_its_own_name_whatever_order_a_process_sees_names_i
     plans = [tiny_plan(strategy="fsdp"), tiny_plan()]  # BERT: position and token type ids
     zero, one = run_distributed(_buffers_filled, [plan.to_dict() for plan in plans])
     assert zero == one == [True, True], (zero, one)
+
+
+SHARED_WORKLOAD = '''
+import torch
+from torch import nn
+from train_fns.weights import full_state
+
+class Scaled(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("scale", scale, persistent=False)
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+def make_workload(ctx):
+    def build():
+        torch.manual_seed(ctx.seed)
+        scale = torch.rand(4) + 0.5
+        return nn.Sequential(Scaled(scale), nn.ReLU(), Scaled(scale))  # one buffer, two modules
+    real = ctx.rank == 0 and ctx.options.get("real_on_rank_0")
+    with torch.device("cpu" if real else "meta"):
+        model = build()
+    state = full_state(build()) if ctx.rank == 0 else None
+    if state is not None and ctx.options.get("wrong"):
+        del state["0.linear.bias"]
+        state["2.linear.weight"] = torch.zeros(4, 5)
+    xs = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    return {
+        "model": model, "blocks": [model[0], model[2]], "full_state": state,
+        "batch": lambda indices: xs[indices],
+        "loss": lambda model, batch: model(batch).pow(2).mean(),
+    }
+'''
+
+
+def _shared_runs(rank: int, world: int, plans: list[dict]) -> list:
+    """Per plan: whether the two modules still share one buffer, its value and the first
+    step's loss on this rank; or the text of the RuntimeError that stopped building it."""
+    out: list = []
+    for data in plans:
+        try:
+            runner, _ = build_runner(TrialPlan.from_dict(data), rank, CPU)
+        except RuntimeError as e:
+            out.append(str(e))
+            continue
+        inner = runner.model.module if data["strategy"] == "ddp" else runner.model
+        out.append({"tied": inner[0].scale is inner[2].scale, "scale": inner[0].scale.clone(),
+                    "loss": float(runner.run_step(0))})  # fmt: skip
+    return out
+
+
+def test_a_shared_buffer_stays_shared_and_a_bad_hand_over_stops_every_rank_alike(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "shared_workload.py"
+    path.write_text(SHARED_WORKLOAD)
+    plans = [_meta_plan(path, "ddp"), _meta_plan(path, "fsdp"),
+             _meta_plan(path, "fsdp", real_on_rank_0=True), _meta_plan(path, "ddp", wrong=True),
+             _meta_plan(path, "fsdp", wrong=True)]  # fmt: skip
+    zero, one = run_distributed(_shared_runs, [plan.to_dict() for plan in plans], timeout_s=90)
+    torch.manual_seed(0)
+    scale = torch.rand(4) + 0.5
+    for run in (*zero[:2], *one[:2]):
+        assert isinstance(run, dict) and run["tied"] and torch.equal(run["scale"], scale), run
+    assert abs(zero[0]["loss"] - zero[1]["loss"]) < 1e-6 * abs(zero[0]["loss"]), zero
+    assert zero[2] == one[2] and "on some ranks only" in zero[2], (zero[2], one[2])
+    for stopped in (*zero[3:], *one[3:]):
+        assert stopped == zero[3] and "full_state does not fit" in stopped, (zero, one)
+    assert "missing 0.linear.bias" in zero[3] and "2.linear.weight is [4, 5]" in zero[3], zero
+
+
+TUNED_BEST = {
+    "strategy": "fsdp",
+    "workload": {"model": "bert-tiny", "global_batch": GLOBAL_BATCH, "seq_len": 16},
+    "cluster": {"num_workers": 2},
+    "tuned": {"accumulation_steps": 1, "reshard_after_forward": True},
+}  # fmt: skip
+
+
+def _tuned_weights(rank: int, world: int, data: dict) -> dict[str, torch.Tensor]:
+    """The weights a meta-built workload has once ``tuned.wrap`` shards it, by name."""
+    workload = make_workload(TrialPlan.from_dict(data), rank, CPU)
+    model = tuned.wrap(workload.model, TUNED_BEST, CPU, workload.blocks, workload.full_state)
+    return _weights(model, sharded=True)
+
+
+def test_tuned_wrap_fills_a_meta_model_from_rank_0s_weights() -> None:
+    plan = tiny_plan(strategy="fsdp")
+    whole = full_state(build_model(plan))
+    for got in run_distributed(_tuned_weights, plan.to_dict()):
+        assert sorted(got) == sorted(whole), sorted(set(got) ^ set(whole))
+        assert all(torch.equal(got[k], whole[k]) for k in whole)

@@ -13,6 +13,7 @@ from torch import nn
 from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.planning.from_config import check_entrypoint, plan_from_config, workload_fields
 from train_fns import tuned
+from train_fns.weights import full_state, materialise, on_meta
 from train_fns.workload import (
     WorkloadError,
     as_workload,
@@ -111,6 +112,31 @@ def test_a_meta_model_is_checked_with_rank_0s_weights_or_named_without_them(
     assert info.value.key == "workload.entrypoint"
     shape = check_entrypoint(config_for(f"{path}:make_workload", **{"options.hand_over": "true"}))
     assert shape is not None and shape.unused == () and not shape.probe_failed, shape
+
+
+class Shared(nn.Module):
+    """Two layers with a tied weight and one non-persistent buffer shared by both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.second.weight = self.first.weight
+        scale = torch.arange(4.0)
+        self.first.register_buffer("scale", scale, persistent=False)
+        self.second.register_buffer("scale", scale, persistent=False)
+
+
+def test_the_drivers_meta_model_takes_rank_0s_tensors_themselves_ties_kept() -> None:
+    real = Shared()
+    state = full_state(real)
+    assert "second.scale" in state  # a shared buffer under each of its names
+    with torch.device("meta"):
+        model = Shared()
+    materialise(model, state, torch.device("cpu"), sharded=False)  # no process group
+    assert model.second.weight is model.first.weight and model.second.scale is model.first.scale
+    for name, tensor in [*model.named_parameters(), ("first.scale", model.first.scale)]:
+        assert tensor.data_ptr() == state[name].data_ptr(), name  # one copy, not two
+    assert torch.equal(model.first.bias, real.first.bias) and not on_meta(model)
 
 
 def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
