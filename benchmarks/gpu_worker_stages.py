@@ -13,6 +13,10 @@ a warm worker group's memory. Each prints its lines and returns its seconds.
   step again round 0's windows regrow memory inside measured steps; round 1's should add none.
 - **fp16 step without host syncs**: the synchronizing calls ``Precision.step`` makes under
   fp16 with fused AdamW, counted by torch's sync debug mode.
+- **meta build and the issued collectives**: an FSDP plan's model built on the meta device
+  holds no device memory until it is sharded and filled from rank 0 (``train_fns.weights``),
+  and the counts the OOM agreement compares (``train_fns.group.issued_collectives``) read on
+  the real NCCL group (-1 there would end the group on every out-of-memory error).
 """
 
 from __future__ import annotations
@@ -26,9 +30,19 @@ from typing import Any
 import torch
 
 from train_fns import metrics as m
-from train_fns.group import END, START, evaluate_plans, free_memory, live_groups, release_groups
+from train_fns.group import (
+    END,
+    START,
+    evaluate_plans,
+    free_memory,
+    issued_collectives,
+    live_groups,
+    release_groups,
+)
+from train_fns.loop import make_workload
 from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
+from train_fns.strategies import wrap_model
 from train_fns.timing import device_used_bytes
 
 MiB = 2**20
@@ -164,20 +178,45 @@ def fp16_sync_stage(make_plan: Callable[..., TrialPlan], device: torch.device) -
     return time.perf_counter() - began
 
 
+def meta_build_stage(make_plan: Callable[..., TrialPlan], device: torch.device) -> float:
+    """"meta build and the issued collectives": an FSDP plan's workload built on meta and
+    filled from rank 0 on this backend (the device bytes before wrapping, want none; after;
+    whether every weight equals rank 0's whole copy), then the training groups'
+    issued-collective counts on this backend (want non-negative)."""
+    began = time.perf_counter()
+    plan = make_plan("bf16", "fsdp", 1, False)
+    keep, start = live_groups(), _memory(device)["allocated"] or 0
+    workload = make_workload(plan, 0, device)
+    held = (_memory(device)["allocated"] or 0) - start
+    model = wrap_model(workload.model, plan, device, workload.blocks, workload.full_state)
+    filled = (_memory(device)["allocated"] or 0) - start
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+             for k, v in model.state_dict().items()}  # fmt: skip
+    equal = all(torch.equal(state[k].cpu(), v) for k, v in workload.full_state.items()
+                if k in state)  # fmt: skip
+    print(f"stage: meta build: device MiB before wrapping {held / MiB:.1f} (want 0), after "
+          f"{filled / MiB:.1f}; weights equal rank 0's: {equal}; issued collectives (groups, "
+          f"sum, weighted) {issued_collectives()} (want no -1)")  # fmt: skip
+    del model, workload
+    release_groups(keep, device)
+    free_memory(device)
+    return time.perf_counter() - began
+
+
 STAGE_CASES = (("bf16", "ddp", 1, False), ("bf16", "fsdp", 4, True), ("bf16", "fsdp", 1, False),
                ("fp32", "ddp", 1, False))  # fmt: skip
 """A B C D: (precision, strategy, accumulation, activation checkpointing)."""
 
 
 def run_worker_stages(make_plan: Callable[..., TrialPlan], device: torch.device) -> float:
-    """Both stages over ``STAGE_CASES`` (``make_plan(*case)``: the check's plan of a case),
+    """The stages over ``STAGE_CASES`` (``make_plan(*case)``: the check's plan of a case),
     shortened to 2 warm-up and 4 measured steps; returns their seconds. A failure is printed
     and the check goes on (its table still runs)."""
     began = time.perf_counter()
     plans = [dataclasses.replace(make_plan(*case), warmup_steps=2, measure_steps=4,
                                  num_windows=2) for case in STAGE_CASES]  # fmt: skip
     stages = ((warm_group_stage, plans), (regrowth_stage, plans[:3]),
-              (fp16_sync_stage, make_plan))  # fmt: skip
+              (fp16_sync_stage, make_plan), (meta_build_stage, make_plan))  # fmt: skip
     for stage, given in stages:
         try:
             stage(given, device)

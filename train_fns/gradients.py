@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from train_fns.ranks import reduce_tensor
-from train_fns.strategies import canonical_name
+from train_fns.weights import canonical_name
 
 
 def layer_of(name: str) -> str:

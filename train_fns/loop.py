@@ -276,7 +276,8 @@ def build_runner(plan: TrialPlan, rank: int, device: torch.device) -> tuple[Step
     num_params = sum(p.numel() for p in workload.model.parameters() if p.requires_grad)
     model_build_s = time.perf_counter() - start
     start = time.perf_counter()
-    model = wrap_model(workload.model, plan, device, workload.blocks)
+    model = wrap_model(workload.model, plan, device, workload.blocks, workload.full_state)
+    workload.full_state = None  # rank 0's whole copy, now in every rank's model: free it
     wrap_s = time.perf_counter() - start
     # Weights are identical on every rank (seeded build); dropout masks should not be.
     torch.manual_seed(plan.seed + 1 + rank)

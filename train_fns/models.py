@@ -88,19 +88,25 @@ def model_class(task: str) -> type:
     return AutoModelForMaskedLM if task == "mlm" else AutoModelForCausalLM
 
 
-def build_model(plan: TrialPlan) -> PreTrainedModel:
+def build_model(plan: TrialPlan, meta: bool = False) -> PreTrainedModel:
     """Build the plan's model in fp32 with identical weights on every rank.
 
     Random init is seeded by ``plan.seed``; a local directory with weights loads them (heads
     the checkpoint lacks are then initialised from the same seed). Master weights are fp32
     whatever the checkpoint says: precision is the plan's autocast/mixed-precision choice.
+    ``meta``: the same model on the meta device, without weights (``train_fns.weights``).
     """
     config = training_config(resolve_model_config(plan.model, plan.model_overrides), plan.task)
     check_seq_len(config, plan.seq_len)
     torch.manual_seed(plan.seed)
     cls = model_class(plan.task)
     local = local_dir(plan.model)
-    if local is not None and any((local / name).is_file() for name in WEIGHT_FILES):
+    if meta:
+        with torch.device("meta"):
+            model = cls.from_config(
+                config, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+            )
+    elif local is not None and any((local / name).is_file() for name in WEIGHT_FILES):
         model = cls.from_pretrained(
             local,
             config=config,

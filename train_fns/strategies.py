@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -25,16 +25,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train_fns.plan import TrialPlan
 from train_fns.unused import UnusedParameters
+from train_fns.weights import materialise, on_meta_everywhere
 from train_fns.workload import default_blocks
 
 LOW_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
-"""What ``checkpoint_wrapper`` inserts into parameter names; strip it to compare names."""
 
 
-def apply_activation_checkpointing(
-    model: nn.Module, blocks: list[nn.Module]
-) -> list[nn.Module]:
+def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     """Wrap each transformer block so its activations are recomputed in backward.
 
     Torch's non-reentrant ``checkpoint_wrapper`` is used rather than HF's
@@ -139,10 +136,17 @@ def set_prefetch(blocks: list[nn.Module], forward: int, backward: int) -> None:
 
 
 def _wrap_fsdp(
-    model: nn.Module, plan: TrialPlan, device: torch.device, blocks: list[nn.Module]
+    model: nn.Module,
+    plan: TrialPlan,
+    device: torch.device,
+    blocks: list[nn.Module],
+    state: Mapping[str, Tensor] | None,
+    meta: bool,
 ) -> nn.Module:
     """Shard each block, then the root (embeddings, tied LM head, final norm).
 
+    ``fully_shard`` moves a block to the device only as it cuts it, so no rank ever holds the
+    whole model there; a meta-built model stays on meta until it is materialised, sharded.
     One FSDP group per block lets the all-gather of block k+1 overlap block k's compute.
     Reductions stay in fp32 under mixed precision unless the plan opts into a lossy
     ``reduce_dtype``, so bf16/fp16 otherwise only changes the compute, never the gradient sum.
@@ -161,6 +165,8 @@ def _wrap_fsdp(
     # backward (an explicit True re-gathered it every micro-step: the embeddings and LM head,
     # or the whole model where it is one unit)
     fully_shard(model, **{**options, "reshard_after_forward": None})
+    if meta:
+        materialise(model, state, device, sharded=True)
     set_prefetch(blocks, plan.fsdp.forward_prefetch, plan.fsdp.backward_prefetch)
     if plan.unused_parameters:
         model.commtune_unused = UnusedParameters(model)  # StepRunner settles it each step
@@ -168,24 +174,32 @@ def _wrap_fsdp(
 
 
 def wrap_model(
-    model: nn.Module, plan: TrialPlan, device: torch.device, blocks: list[nn.Module] | None = None
+    model: nn.Module,
+    plan: TrialPlan,
+    device: torch.device,
+    blocks: list[nn.Module] | None = None,
+    state: Mapping[str, Tensor] | None = None,
 ) -> nn.Module:
-    """Move ``model`` to ``device`` and wrap it for ``plan.strategy`` (process group required);
-    ``blocks`` are the units FSDP2 shards and checkpointing wraps (default: the layer stack)."""
+    """Place ``model`` on ``device`` and wrap it for ``plan.strategy`` (process group required);
+    ``blocks`` are the units FSDP2 shards and checkpointing wraps (default: the layer stack).
+    A model built on the meta device is given rank 0's weights ``state`` (``train_fns.weights``;
+    None on the other ranks), after sharding under FSDP2."""
     if not torch.distributed.is_initialized():
         raise RuntimeError(
             "wrap_model needs an initialised torch.distributed process group "
             "(Ray Train sets one up; tests use gloo)"
         )
-    model.to(device)
+    meta = on_meta_everywhere(model)
     needs_blocks = plan.activation_checkpointing or plan.strategy == "fsdp"
     if needs_blocks and blocks is None:
         blocks = default_blocks(model)
     if plan.activation_checkpointing:
         blocks = apply_activation_checkpointing(model, blocks)
     if plan.strategy == "fsdp":
-        return _wrap_fsdp(model, plan, device, blocks)
-    return _wrap_ddp(model, plan, device)
+        return _wrap_fsdp(model, plan, device, blocks, state, meta)
+    if meta:
+        materialise(model, state, device, sharded=False)
+    return _wrap_ddp(model.to(device), plan, device)
 
 
 @contextmanager
@@ -206,14 +220,6 @@ def sync_gradients(model: nn.Module, plan: TrialPlan, enabled: bool) -> Iterator
         yield
     else:
         yield  # an unwrapped model has nothing to sync
-
-
-def canonical_name(name: str) -> str:
-    """A parameter name without wrapper prefixes (DDP's ``module.``, a checkpoint wrapper's;
-    FSDP2 wraps in place), equal across strategies: what a layer's gradient norm is filed
-    under, and what the distributed tests compare gradients by."""
-    name = name.removeprefix("module.")
-    return name.replace(CHECKPOINT_PREFIX, "")
 
 
 def _fsdp_params(model: nn.Module) -> list:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from search_spaces import env_strings
 from search_spaces.guarded_yaml import load_yaml, read_capped
@@ -113,11 +113,14 @@ def wrap(
     best: Best,
     device: torch.device | None = None,
     blocks: list[nn.Module] | None = None,
+    full_state: Mapping[str, Tensor] | None = None,
 ) -> nn.Module:
     """``model`` on ``device`` (default: this rank's GPU, else CPU), wrapped as tuned: DDP with
     the tuned bucket settings, or FSDP2 with the tuned sharding, activation checkpointing on
     ``blocks`` (default: the largest ModuleList of same-class modules). Needs an initialised
-    process group, as Ray Train and torchrun give."""
+    process group, as Ray Train and torchrun give. A model built on the meta device takes
+    rank 0's ``full_state`` (``train_fns.weights.full_state`` of a real build; None on the
+    other ranks), as a workload's does in a trial."""
     from train_fns.strategies import wrap_model
 
     world = torch.distributed.get_world_size()
@@ -126,7 +129,7 @@ def wrap(
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     plan = plan_for(best, world, layout.nodes, layout.even)
-    return wrap_model(model, plan, device, blocks)
+    return wrap_model(model, plan, device, blocks, full_state)
 
 
 def before_step(model: nn.Module) -> None:

@@ -4,7 +4,8 @@ A workload is a callable named in the config (``workload.entrypoint``, ``path/fi
 ``package.module:make``). ``make(ctx)`` is called on every worker after torch is seeded alike
 on every rank, with a :class:`WorkloadContext`, and returns an object (or a dict) with:
 
-- ``model``: an ``nn.Module`` on CPU or the meta device; commtune places, wraps and shards it;
+- ``model``: an ``nn.Module`` on CPU or the meta device; commtune places, wraps and shards it
+  (a model on meta needs ``full_state`` on rank 0);
 - ``batch(indices)``: the collated samples with these global sample indices (a tensor, or a
   tuple / dict of tensors). The same index must always give the same sample: that is what keeps
   the global batch exact across splits and resumption exact;
@@ -12,7 +13,9 @@ on every rank, with a :class:`WorkloadContext`, and returns an object (or a dict
 - optional ``blocks`` (the modules FSDP2 shards one by one and activation checkpointing wraps;
   default: the largest ``nn.ModuleList`` of same-class modules), ``tokens_per_sample`` and
   ``flops_per_sample`` (for tokens/s and model FLOP utilisation), ``optimizer(params)``
-  (default AdamW at ``workload.lr``).
+  (default AdamW at ``workload.lr``), ``full_state`` (rank 0 only, for a model built on the
+  meta device: the whole model's weights, ``train_fns.weights.full_state`` of a real build;
+  the other ranks never hold them, and each keeps its shard of them under FSDP2).
 
 The built-in Hugging Face models are one workload behind the same contract (``hf_workload``), so
 there is one way through the worker code.
@@ -35,6 +38,7 @@ from torch import Tensor, nn
 REQUIRED = ("model", "batch", "loss")
 OPTIONAL = (
     "blocks", "tokens_per_sample", "flops_per_sample", "optimizer", "unused_parameters",
+    "full_state",
 )  # fmt: skip
 
 
@@ -71,6 +75,8 @@ class Workload:
     unused_parameters: bool | None = None
     """True: some steps leave parameters without a gradient (DDP must find them); None: the
     driver finds out (``find_unused``)."""
+    full_state: Mapping[str, Tensor] | None = None
+    """Rank 0's weights for a ``model`` built on the meta device (None: the model has its own)."""
 
 
 def split_entrypoint(entrypoint: str) -> tuple[str, str]:

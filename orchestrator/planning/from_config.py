@@ -154,6 +154,7 @@ def _build_shape(config: Config, fields: dict[str, Any]) -> WorkloadShape:
             ENTRYPOINT_KEY,
             f"{config.workload.entrypoint}: make_workload raised {type(e).__name__}: {e}",
         ) from e
+    _materialise_on_driver(workload)
     try:
         blocks = workload.blocks if workload.blocks is not None else default_blocks(workload.model)
     except WorkloadError:
@@ -163,6 +164,21 @@ def _build_shape(config: Config, fields: dict[str, Any]) -> WorkloadShape:
         return WorkloadShape(num_params, len(blocks), declared=workload.unused_parameters)
     unused, failed = _probe_unused(workload, config)  # nobody said: look
     return WorkloadShape(num_params, len(blocks), tuple(unused), probe_failed=failed)
+
+
+def _materialise_on_driver(workload: Any) -> None:
+    """A model the user builds on the meta device, filled with what rank 0 hands over, so the
+    probe below runs it; without ``full_state`` every worker would stop at its first trial."""
+    import torch
+
+    from train_fns.weights import materialise, on_meta
+
+    if not on_meta(workload.model):
+        return
+    try:
+        materialise(workload.model, workload.full_state, torch.device("cpu"), sharded=False)
+    except Exception as e:  # the user's model and weights: say what failed
+        raise ConfigError(ENTRYPOINT_KEY, f"make_workload's meta-device model: {e}") from e
 
 
 def _probe_unused(workload: Any, config: Config) -> tuple[list[str], str | None]:

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from _placement import SimulatedAccelerator, check_collectives
 from torch.distributed.tensor import DTensor
 
-from train_fns.strategies import canonical_name
+from train_fns.weights import canonical_name
 
 WORLD_SIZE = 2
 FORKSERVER = mp.get_context("forkserver")

@@ -30,9 +30,10 @@ from train_fns.plan import (
     window_lengths,
 )
 from train_fns.precision import Precision
-from train_fns.strategies import apply_activation_checkpointing, canonical_name
+from train_fns.strategies import apply_activation_checkpointing
 from train_fns.timing import StepTimer
 from train_fns.watchdog import Watchdog
+from train_fns.weights import canonical_name
 from train_fns.workload import default_blocks
 
 CPU = torch.device("cpu")

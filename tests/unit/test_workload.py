@@ -13,6 +13,7 @@ from torch import nn
 from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.planning.from_config import check_entrypoint, plan_from_config, workload_fields
 from train_fns import tuned
+from train_fns.weights import full_state, materialise, on_meta
 from train_fns.workload import (
     WorkloadError,
     as_workload,
@@ -81,6 +82,61 @@ def test_a_raising_make_workload_names_the_entrypoint(tmp_path: Path) -> None:
     path = write(tmp_path, "def make_workload(ctx):\n    raise RuntimeError('boom')\n")
     with pytest.raises(ConfigError, match="make_workload raised RuntimeError: boom"):
         check_entrypoint(config_for(f"{path}:make_workload"))
+
+
+META = """
+import torch
+from torch import nn
+from train_fns.weights import full_state
+
+def make_workload(ctx):
+    def build():
+        return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with torch.device("meta"):
+        model = build()
+    model[1].weight = model[0].weight  # a tie the weights must keep
+    real = build()
+    real[1].weight = real[0].weight
+    state = full_state(real) if ctx.options.get("hand_over") else None
+    return {"model": model, "full_state": state, "batch": lambda idx: torch.ones(len(idx), 4),
+            "loss": lambda m, b: m(b).sum()}
+"""
+
+
+def test_a_meta_model_is_checked_with_rank_0s_weights_or_named_without_them(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, META)
+    with pytest.raises(ConfigError, match="meta-device model: .*returns `full_state`") as info:
+        check_entrypoint(config_for(f"{path}:make_workload"))
+    assert info.value.key == "workload.entrypoint"
+    shape = check_entrypoint(config_for(f"{path}:make_workload", **{"options.hand_over": "true"}))
+    assert shape is not None and shape.unused == () and not shape.probe_failed, shape
+
+
+class Shared(nn.Module):
+    """Two layers with a tied weight and one non-persistent buffer shared by both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.second.weight = self.first.weight
+        scale = torch.arange(4.0)
+        self.first.register_buffer("scale", scale, persistent=False)
+        self.second.register_buffer("scale", scale, persistent=False)
+
+
+def test_the_drivers_meta_model_takes_rank_0s_tensors_themselves_ties_kept() -> None:
+    real = Shared()
+    state = full_state(real)
+    assert "second.scale" in state  # a shared buffer under each of its names
+    with torch.device("meta"):
+        model = Shared()
+    materialise(model, state, torch.device("cpu"), sharded=False)  # no process group
+    assert model.second.weight is model.first.weight and model.second.scale is model.first.scale
+    for name, tensor in [*model.named_parameters(), ("first.scale", model.first.scale)]:
+        assert tensor.data_ptr() == state[name].data_ptr(), name  # one copy, not two
+    assert torch.equal(model.first.bias, real.first.bias) and not on_meta(model)
 
 
 def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
