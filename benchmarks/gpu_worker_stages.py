@@ -44,6 +44,7 @@ from train_fns.plan import TrialPlan
 from train_fns.precision import Precision
 from train_fns.strategies import wrap_model
 from train_fns.timing import device_used_bytes
+from train_fns.weights import canonical_name
 
 MiB = 2**20
 GiB = 2**30
@@ -190,10 +191,12 @@ def meta_build_stage(make_plan: Callable[..., TrialPlan], device: torch.device) 
     held = (_memory(device)["allocated"] or 0) - start
     model = wrap_model(workload.model, plan, device, workload.blocks, workload.full_state)
     filled = (_memory(device)["allocated"] or 0) - start
-    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
-             for k, v in model.state_dict().items()}  # fmt: skip
-    equal = all(torch.equal(state[k].cpu(), v) for k, v in workload.full_state.items()
-                if k in state)  # fmt: skip
+    # the non-persistent buffers too (BERT's position and token type ids): filled by broadcast
+    state = {canonical_name(k): v.full_tensor() if hasattr(v, "full_tensor") else v
+             for k, v in [*model.state_dict().items(), *model.named_buffers()]}  # fmt: skip
+    equal = sorted(state) == sorted(workload.full_state) and all(
+        torch.equal(state[k].cpu(), v.cpu()) for k, v in workload.full_state.items())
+    del state  # a whole gathered copy: freed before the stage's own free_memory
     print(f"stage: meta build: device MiB before wrapping {held / MiB:.1f} (want 0), after "
           f"{filled / MiB:.1f}; weights equal rank 0's: {equal}; issued collectives (groups, "
           f"sum, weighted) {issued_collectives()} (want no -1)")  # fmt: skip

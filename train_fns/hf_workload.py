@@ -10,7 +10,7 @@ from train_fns.data import make_batch_source
 from train_fns.metrics import FLOPS_PER_PARAM_TOKEN
 from train_fns.models import build_model
 from train_fns.plan import TrialPlan
-from train_fns.weights import full_state
+from train_fns.weights import whole_state
 from train_fns.workload import Workload, default_blocks
 
 
@@ -29,7 +29,7 @@ def hf_workload(plan: TrialPlan) -> Workload:
     model = build_model(plan, meta=distributed)
     state = None
     if distributed and torch.distributed.get_rank() == 0:
-        state = full_state(build_model(plan))
+        state = whole_state(lambda: build_model(plan))
     source = make_batch_source(plan, model.config)
 
     def batch(indices: list[int]) -> dict[str, Tensor]:

@@ -72,18 +72,43 @@ def full_state(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
+def whole_state(build: Callable[[], nn.Module]) -> dict[str, Tensor]:
+    """``full_state`` of the model ``build()`` makes for real, the global generators as they
+    were before it: rank 0's whole build draws its initial weights from them where the other
+    ranks' meta builds draw nothing, so whatever a workload draws after it (synthetic data, a
+    dropout mask) would otherwise differ on rank 0 alone."""
+    with torch.random.fork_rng(devices=[]):
+        return full_state(build())
+
+
 def _persistent(model: nn.Module) -> set[str]:
     """The canonical names a state dict holds (parameters and persistent buffers)."""
     return {canonical_name(name) for name in model.state_dict()}
 
 
 def _problem(model: nn.Module, state: Mapping[str, Tensor] | None) -> str | None:
-    """Why rank 0's ``state`` cannot fill the meta-built ``model`` (None: it can): missing,
-    unexpected or misshapen names, judged before any rank allocates or waits."""
+    """Why rank 0's ``state`` cannot fill the meta-built ``model`` (None: it can): no state,
+    values that are not real tensors (None, an object, a meta tensor: a ``full_state`` of the
+    meta model itself), missing, unexpected or misshapen names, judged before any rank
+    allocates or waits. Whatever goes wrong while judging is the answer too: the peers wait
+    for it in ``_stop_alike``, and an exception here would leave them waiting."""
     if state is None:
         return ("the model is on the meta device but rank 0 has no weights for it: a workload "
                 "that builds its model on meta returns `full_state` (the whole model's state "
                 "dict) on rank 0")  # fmt: skip
+    try:
+        return _misfits(model, state)
+    except Exception as e:  # said on every rank, never raised on rank 0 alone
+        return f"rank 0's full_state could not be read: {type(e).__name__}: {e}"
+
+
+def _misfits(model: nn.Module, state: Mapping[str, Tensor]) -> str | None:
+    """``_problem`` for a given state: what of it does not fit the model."""
+    unreal = sorted(name for name, t in state.items()
+                    if not isinstance(t, Tensor) or t.is_meta)  # fmt: skip
+    if unreal:
+        return (f"rank 0's full_state holds values that are not real tensors: {_names(set(unreal))}"
+                " (a whole build's state dict, not the meta model's)")  # fmt: skip
     want = {canonical_name(n): tuple(t.shape) for n, t in model.state_dict().items()}
     want.update((canonical_name(n), tuple(b.shape))
                 for n, b in model.named_buffers(remove_duplicate=False))  # fmt: skip

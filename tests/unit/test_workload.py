@@ -13,7 +13,7 @@ from torch import nn
 from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.planning.from_config import check_entrypoint, plan_from_config, workload_fields
 from train_fns import tuned
-from train_fns.weights import full_state, materialise, on_meta
+from train_fns.weights import _problem, full_state, materialise, on_meta, whole_state
 from train_fns.workload import (
     WorkloadError,
     as_workload,
@@ -137,6 +137,45 @@ def test_the_drivers_meta_model_takes_rank_0s_tensors_themselves_ties_kept() -> 
     for name, tensor in [*model.named_parameters(), ("first.scale", model.first.scale)]:
         assert tensor.data_ptr() == state[name].data_ptr(), name  # one copy, not two
     assert torch.equal(model.first.bias, real.first.bias) and not on_meta(model)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "said"),
+    [
+        (lambda state: {**state, "first.bias": None}, "not real tensors: first.bias"),
+        (lambda state: {**state, "first.bias": object()}, "not real tensors: first.bias"),
+        (lambda state: full_state(_meta(Shared)), "not real tensors: first.bias, first.scale"),
+    ],
+)  # fmt: skip
+def test_a_full_state_of_no_real_tensors_is_refused_not_raised_on_rank_0_alone(
+    spoil, said: str
+) -> None:
+    """None, an object or the meta model's own state dict: said as the one message every rank
+    stops with (``_stop_alike``), never an exception on rank 0 while its peers wait in a
+    collective."""
+    state = spoil(full_state(Shared()))
+    assert said in (_problem(_meta(Shared), state) or "")
+    with pytest.raises(RuntimeError, match=said):
+        materialise(_meta(Shared), state, torch.device("cpu"), sharded=False)
+
+
+def test_rank_0s_whole_build_leaves_the_generators_as_a_meta_build_does() -> None:
+    """What a workload draws after its build (synthetic data) is the same on rank 0, which
+    builds the model for real too, as on the ranks that build it on meta only."""
+    torch.manual_seed(0)
+    _meta(Shared)
+    on_meta_ranks = torch.rand(3)
+    torch.manual_seed(0)
+    _meta(Shared)
+    state = whole_state(Shared)
+    assert torch.equal(torch.rand(3), on_meta_ranks)
+    torch.manual_seed(0)
+    assert all(torch.equal(state[k], v) for k, v in full_state(Shared()).items())  # same weights
+
+
+def _meta(build):
+    with torch.device("meta"):
+        return build()
 
 
 def test_builtin_keys_do_not_mix_with_an_entrypoint(tmp_path: Path) -> None:
