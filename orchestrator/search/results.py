@@ -283,9 +283,9 @@ def summary_line(
     verdict: Verdict | None = None,
 ) -> str:  # fmt: skip
     """One figure per claim: the ratio the race measured side by side for the configuration it
-    kept, and the search's own fastest figure named as a ranking. The default run's search saw
-    1.16x for a trial the race found no better than another at 1.10x (each trial measured once,
-    minutes apart, while the group warms up): a user reading both must know which one decides."""
+    kept, and the search's own fastest figure named as a ranking. Each trial is measured once,
+    minutes apart, while the group warms up, so the search's fastest can be one the race finds
+    no better than another: a user reading both must know which one decides."""
     counts: dict[str, int] = {}
     for r in recs:
         counts[r.state] = counts.get(r.state, 0) + 1
