@@ -119,8 +119,9 @@ def wrap(
     the tuned bucket settings, or FSDP2 with the tuned sharding, activation checkpointing on
     ``blocks`` (default: the largest ModuleList of same-class modules). Needs an initialised
     process group, as Ray Train and torchrun give. A model built on the meta device takes
-    rank 0's ``full_state`` (``train_fns.weights.full_state`` of a real build; None on the
-    other ranks), as a workload's does in a trial."""
+    rank 0's ``full_state`` (``train_fns.weights.whole_state(build)``: a real build's, the random
+    generators left as the meta ranks' are; None on the other ranks), as a workload's does in a
+    trial."""
     from train_fns.strategies import wrap_model
 
     world = torch.distributed.get_world_size()
