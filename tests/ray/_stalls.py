@@ -4,6 +4,7 @@ machine is shared, another user's workers are never touched)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -56,13 +57,29 @@ class Command:
         self.kill()
         raise AssertionError(f"no line with {text!r}:\n" + self.text())
 
-    def freeze_new_worker(self, before: set[int], timeout_s: float = 120) -> tuple[int, float]:
-        """SIGSTOP a worker not in ``before`` as soon as one appears: (pid, when)."""
-        end = time.monotonic() + timeout_s
-        while not (new := self.workers() - before) and time.monotonic() < end:
+    def freeze_new_workers(
+        self, before: set[int], text: str, timeout_s: float
+    ) -> tuple[float, str, set[int], float]:
+        """SIGSTOP every worker not in ``before`` as it appears, until the line holding
+        ``text`` comes: (when it came, the line, the pids frozen, when the last was frozen).
+
+        Every one, not the first alone: a worker that appears is not always the group that
+        is starting (one of the group it follows, or a start attempt Ray Train gave up and
+        retried), and the line must be the starting group's, frozen for sure."""
+        after = time.monotonic()
+        end, frozen, stopped_at = after + timeout_s, set(), 0.0
+        while time.monotonic() < end and self.proc.poll() is None:
+            found = next(((t, s) for t, s in self.lines if text in s and t >= after), None)
+            if found:
+                return found[0], found[1], frozen, stopped_at
+            for pid in sorted(self.workers() - before - frozen):
+                with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                    stopped_at = self.freeze(pid)[1]
+                    frozen.add(pid)
             time.sleep(0.05)
-        assert new, "no new worker group appeared:\n" + self.text()
-        return self.freeze(min(new))
+        self.kill()
+        raise AssertionError(f"no line with {text!r} after freezing {sorted(frozen)}:\n"
+                             + self.text())  # fmt: skip
 
     @staticmethod
     def freeze(pid: int) -> tuple[int, float]:

@@ -67,9 +67,10 @@ def test_four_frozen_groups_in_one_search_are_hangs_in_their_phases(tmp_path: Pa
         report("mid-measurement", seen_at - stopped_at, line)
         assert "phase measure" in line and f"trial_timeout_s={TRIAL_TIMEOUT_S}" in line, line
         assert seen_at - stopped_at < TRIAL_TIMEOUT_S + 15, search.text()
-        # trial 2's group is a new one: its first worker is frozen as it appears
-        _, stopped_at = search.freeze_new_worker(search.workers() | {frozen})
-        seen_at, start_line = search.first("trial   2     HANG", PATIENT_START_S + 60, seen_at)
+        # trial 2's group is a new one: its workers are frozen as they appear
+        seen_at, start_line, _, stopped_at = search.freeze_new_workers(
+            search.workers() | {frozen}, "trial   2     HANG", PATIENT_START_S + 60
+        )
         start_took_s = seen_at - stopped_at
         report("while its group starts", start_took_s, start_line)
         # the race goes on in trial 3's group, lent to it: a worker frozen there is a hang
@@ -81,9 +82,9 @@ def test_four_frozen_groups_in_one_search_are_hangs_in_their_phases(tmp_path: Pa
         race_took_s = seen_at - stopped_at
         search.first("going on in a fresh worker group", 60, after)
         after, _ = search.first("scaling: measuring the baseline on 1 worker", timeout_s=500)
-        scaling, scaling_at = search.freeze_new_worker(search.workers())
-        seen_at, line = search.first("scaling: the 1-worker baseline did not complete",
-                                     PATIENT_START_S + TRIAL_TIMEOUT_S + 60, after)  # fmt: skip
+        seen_at, line, scaling, scaling_at = search.freeze_new_workers(
+            search.workers(), "scaling: the 1-worker baseline did not complete",
+            PATIENT_START_S + TRIAL_TIMEOUT_S + 60)  # fmt: skip
         report("in the 1-worker scaling group", seen_at - scaling_at, line)
         assert "hang in phase" in line, search.text()
         gone = _gone_by(search, scaling, "report: ")
@@ -114,14 +115,14 @@ def test_four_frozen_groups_in_one_search_are_hangs_in_their_phases(tmp_path: Pa
     assert not left, f"no process of the search survives it: {left}"
 
 
-def _gone_by(command: Command, pid: int, text: str) -> bool:
-    """Whether ``pid`` had ended when the line with ``text`` appeared (waiting for it)."""
+def _gone_by(command: Command, pids: set[int], text: str) -> bool:
+    """Whether ``pids`` had all ended when the line with ``text`` appeared (waiting for it)."""
     while not any(text in line for _, line in command.lines):
-        if pid in command.survivors() and command.proc.poll() is None:
+        if pids & command.survivors() and command.proc.poll() is None:
             time.sleep(0.1)
             continue
-        return pid not in command.survivors()
-    return pid not in command.survivors()
+        break
+    return not pids & command.survivors()
 
 
 @pytest.mark.slow
