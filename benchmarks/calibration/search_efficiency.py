@@ -6,9 +6,11 @@
 For each landscape (a recorded cpu-demo grid, and BERT-large on the motivating GPU clusters
 simulated by :mod:`benchmarks.calibration.gpu_model`) and each strategy, a fresh in-memory
 Optuna study is driven as the live search drives it: baseline first, ``Proposer.refill``
-before every ask, a noisy value told per evaluation (relative noise of the point's CV, drawn
-from the run's seed), infeasible points told as FAIL. A run stops when the best *true* value among
-the configurations it evaluated is within 3% of the grid optimum, or at the cap (the grid
+before every ask, ``Proposer.repeat_of`` after it (a configuration asked again is not run
+nor counted: a neighbour of it is), a noisy value told per evaluation (relative noise of the
+point's CV, drawn from the run's seed), infeasible points told as FAIL (out of memory). A run
+stops when the best *true* value among the configurations it evaluated is within 3% of the
+grid optimum, or at the cap (the grid
 size, or ``--max-trials`` if smaller: TPE slows down past a few hundred trials; shown as
 ``>cap``, which ranks a missed run above any finished one). The Proposer's budget is the
 matching preset's ``search.trials`` (12 for cpu-demo, 40 for bert-large); past it, the
@@ -44,6 +46,8 @@ from benchmarks.calibration.landscapes import (
     simulated,
 )
 from orchestrator.search.proposer import Proposer, make_sampler
+from orchestrator.search.study import REPEAT
+from train_fns import metrics as m
 
 TOLERANCE = 0.03
 RUNS = (  # label, strategy, seeded
@@ -67,11 +71,18 @@ def trials_to_target(
     study.enqueue_trial(space.optuna_params(space.baseline()))
     proposer = Proposer(space, strategy, land.budget, land.seeds if seeded else ())
     noise = random.Random(seed)
-    for number in range(1, cap + 1):
+    number = 0
+    while number < cap:
         proposer.refill(study)
         trial = study.ask()
         point = land.lookup(space.suggest(trial))
+        if proposer.repeat_of(study, trial) is not None:  # not run, as in the live search
+            trial.set_user_attr(m.STATE, REPEAT)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        number += 1
         if point.value is None:
+            trial.set_user_attr(m.STATE, m.OOM)  # known: never asked for again
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
         study.tell(trial, point.value * (1 + noise.gauss(0.0, point.cv)))

@@ -14,12 +14,16 @@ NCCL space into small independent subspaces) spends the budget in three stages:
 
 Every decision is recomputed from the study's contents (completed trials and what is
 already queued), so a restarted driver carries on where the dead one stopped, and no
-configuration is ever queued twice.
+configuration is ever queued twice. Nor is one measured twice, whatever the strategy: a
+sampler on a finite grid proposes configurations it has already seen (TPE most, once it has
+converged), and each would spend a trial of minutes on what the study knows;
+:meth:`Proposer.repeat_of` turns such a proposal into an unmeasured neighbour.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,7 +38,7 @@ from orchestrator.planning.costmodel import (
     compute_s_per_sample,
     rank_candidates,
 )
-from orchestrator.search.study import INTERRUPTED, queued_params
+from orchestrator.search.study import NOT_RUN, queued_params
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
 from train_fns import metrics as m
 
@@ -95,7 +99,7 @@ def _key(optuna_params: dict[str, Any]) -> str:
 def _counted(trials: list[FrozenTrial]) -> int:
     """Trials that count against the budget: run or running (an interrupted one runs again)."""
     return sum(
-        t.state != TrialState.WAITING and t.user_attrs.get(m.STATE) != INTERRUPTED
+        t.state != TrialState.WAITING and t.user_attrs.get(m.STATE) not in NOT_RUN
         for t in trials
     )
 
@@ -158,6 +162,28 @@ class Proposer:
         for params in batch:
             study.enqueue_trial(self.space.optuna_params(params), skip_if_exists=True)
         return len(batch)
+
+    def repeat_of(self, study: optuna.Study, trial: optuna.Trial) -> int | None:
+        """The number of the trial, judged or running, whose configuration ``trial`` (just
+        asked, its params suggested) repeats; an unmeasured configuration one knob away from it
+        is then queued, so the next ask measures that instead (the caller tells ``trial`` as
+        :data:`~orchestrator.search.study.REPEAT`, not run). None, nothing queued, when the
+        configuration is new, or when every neighbour is known too: it runs again then."""
+        key = _key(trial.params)
+        trials = study.get_trials(deepcopy=False)
+        earlier = next((t.number for t in trials if t.number != trial.number
+                        and _key(t.params) == key and _known(t)), None)  # fmt: skip
+        if earlier is None:
+            return None
+        point = self.space.from_optuna_params(trial.params)
+        fresh = self._fresh_filter({_key(queued_params(t)) for t in trials})
+        near = fresh(q for n in self.space.param_names for q in self.space.grid_slice([n], point))
+        if not near:
+            return None
+        # Seeded by the trial's number: a resumed search draws the same neighbour.
+        choice = random.Random(trial.number).choice(near)
+        study.enqueue_trial(self.space.optuna_params(choice), skip_if_exists=True)
+        return earlier
 
     def settled(self, study: optuna.Study) -> str | None:
         """Why the search can end before its budget, or None. Staged only, once nothing is
@@ -263,6 +289,14 @@ class Proposer:
             return None
         best = max(done, key=lambda t: (t.value, -t.number))  # ties: the earliest
         return self.space.from_optuna_params(best.params)
+
+
+def _known(trial: FrozenTrial) -> bool:
+    """Whether measuring ``trial``'s configuration again would tell nothing new: it is being
+    measured, or its outcome says how the configuration does (:data:`JUDGED`)."""
+    if trial.state in (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return trial.user_attrs.get(m.STATE) in JUDGED
 
 
 def _lower_bound(trial: FrozenTrial) -> float | None:

@@ -19,6 +19,11 @@ from orchestrator.config.study_storage import choose
 from train_fns import metrics as m
 
 INTERRUPTED = "interrupted"
+REPEAT = "repeat"
+"""State of a trial never run: the sampler asked for a configuration the study already judged
+(``Proposer.repeat_of``), and an unmeasured neighbour of it ran instead."""
+NOT_RUN = (INTERRUPTED, REPEAT)
+"""States of trials that do not count against the budget."""
 REQUEUE = "requeue"
 """User attribute of an interrupted trial whose params ``--resume`` must queue again."""
 
@@ -36,11 +41,12 @@ def load(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study | None
 
 
 def counted(study: optuna.Study | None) -> int:
-    """Trials with a real outcome; interrupted ones are re-run, not counted."""
+    """Trials with a real outcome; interrupted ones are re-run and repeats never ran: neither
+    is counted."""
     if study is None:
         return 0
     return sum(
-        t.state.is_finished() and t.user_attrs.get(m.STATE) != INTERRUPTED for t in study.trials
+        t.state.is_finished() and t.user_attrs.get(m.STATE) not in NOT_RUN for t in study.trials
     )
 
 

@@ -32,7 +32,7 @@ from orchestrator.search.outcome import prune_threshold
 from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
 from orchestrator.search.proposer import Proposer
 from orchestrator.search.results import TrialRecord, derived_attrs, measured_columns
-from orchestrator.search.study import INTERRUPTED, REQUEUE, counted
+from orchestrator.search.study import INTERRUPTED, REPEAT, REQUEUE, counted
 from orchestrator.search.trial import (
     NODES,
     OUTCOME,
@@ -207,9 +207,13 @@ class GroupSearch(Searcher):
         """The first pending configuration (with environment ``env`` if given), asking Optuna
         for one more when none is pending."""
         if not self.pending and self.asked < self.total and not self._settled():
-            self.proposer.refill(self.study)
-            trial = self.study.ask()
-            params = self.ctx.space.suggest(trial)
+            trial, params = self._ask()
+            earlier = self.proposer.repeat_of(self.study, trial)
+            if earlier is not None:  # never run: the neighbour queued in its place runs
+                tell(self.study, trial, params, {m.STATE: REPEAT, m.REASON: (
+                    f"not run: trial {earlier}'s configuration, asked again; an unmeasured "
+                    "neighbour of it runs instead")})  # fmt: skip
+                trial, params = self._ask()
             env_vars = {**self.ctx.config.env, **self.ctx.space.env_vars(params)}
             self.pending.append(Asked(trial, params, tuple(sorted(env_vars.items()))))
             self.asked += 1
@@ -217,6 +221,12 @@ class GroupSearch(Searcher):
         if match is not None:
             self.pending.remove(match)
         return match
+
+    def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
+        """The next configuration: the proposer's queue first, else the sampler's."""
+        self.proposer.refill(self.study)
+        trial = self.study.ask()
+        return trial, self.ctx.space.suggest(trial)
 
     def _settled(self) -> bool:
         """Whether the proposer says the search has stopped improving; said once, and no

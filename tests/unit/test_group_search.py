@@ -11,6 +11,7 @@ import pytest
 from orchestrator.config.schema import load_config
 from orchestrator.search.outcome import MIN_NOISE
 from orchestrator.search.proposer import Proposer
+from orchestrator.search.study import REPEAT, counted
 from orchestrator.search.trial import OUTCOME, TRIAL_NUMBER, WORK, TrialContext
 from orchestrator.search.tuner import GroupSearch
 from search_spaces import SearchContext, SearchSpace, load_spaces
@@ -297,3 +298,16 @@ def test_only_the_last_group_can_be_lent_and_only_in_the_baselines_environment()
     last_env = space.env_vars(works[-1].items[0]["params"])
     lent = last_env == space.env_vars(space.baseline())
     assert (search.lease is not None) == lent and (works[-1].items[-1] is None) != lent
+
+
+
+def test_a_configuration_the_sampler_asks_for_again_is_not_run_again() -> None:
+    search = _search(group_size=4)
+    fixed = search.ctx.space.optuna_params(search.ctx.space.baseline())  # asked every time
+    search.study.sampler = optuna.samplers.PartialFixedSampler(fixed, search.study.sampler)
+    groups = _run_all(search)
+    sent = [repr(sorted(member["params"].items())) for g in groups for member in g]
+    assert len(sent) == len(set(sent)) == TOTAL
+    repeats = [t for t in search.study.trials if t.user_attrs.get(m.STATE) == REPEAT]
+    assert repeats and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
+    assert counted(search.study) == TOTAL

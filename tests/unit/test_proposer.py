@@ -18,7 +18,9 @@ from orchestrator.search.proposer import (
     make_sampler,
     search_seeds,
 )
+from orchestrator.search.study import REPEAT, queued_params
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace, load_spaces
+from train_fns import metrics as m
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -319,3 +321,72 @@ def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
     failed, why = _until_settled(9, lambda number, p: None if number == 0 else 20.0)
     assert why and pipeline._ended_early(failed, proposer, space) is None
     assert pipeline._ended_early(None, proposer, space) is None
+
+
+
+def _stubborn(space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """A sampler that asks for the baseline every time: one at its most converged."""
+    fixed = space.optuna_params(space.baseline())
+    return optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(0))
+
+
+def _run_asking_again(space: SearchSpace, strategy: str, measured: int) -> optuna.Study:
+    """The live search's loop with a sampler that asks for one configuration over and over:
+    a repeat is told as such and not measured, as ``GroupSearch._next`` does."""
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, strategy, measured)
+    while sum(t.user_attrs.get(m.STATE) != REPEAT for t in study.trials) < measured:
+        proposer.refill(study)
+        trial = study.ask()
+        space.suggest(trial)
+        if proposer.repeat_of(study, trial) is not None:
+            trial.set_user_attr(m.STATE, REPEAT)
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, _objective(space.suggest(trial)) or 0.0)
+    return study
+
+
+@pytest.mark.parametrize("strategy", ["staged", "tpe", "random"])
+def test_a_configuration_asked_again_is_not_measured_again(strategy: str) -> None:
+    space = _space()
+    study = _run_asking_again(space, strategy, 12)
+    run = [repr(sorted(t.params.items())) for t in study.trials
+           if t.user_attrs.get(m.STATE) != REPEAT]  # fmt: skip
+    assert len(run) == len(set(run)) == 12
+    assert any(t.user_attrs.get(m.STATE) == REPEAT for t in study.trials)
+
+
+def test_a_repeat_is_replaced_by_an_unmeasured_neighbour() -> None:
+    space = _space()
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    proposer = Proposer(space, "tpe", 40)
+    first = study.ask()
+    space.suggest(first)
+    assert proposer.repeat_of(study, first) is None  # new: it runs
+    assert not study.get_trials(states=(TrialState.WAITING,))
+    study.tell(first, 1.0)
+    again = study.ask()
+    space.suggest(again)
+    assert proposer.repeat_of(study, again) == first.number
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    point = space.from_optuna_params(first.params)
+    near = space.from_optuna_params(queued_params(queued))
+    assert point != near
+    assert near in [q for n in space.param_names for q in space.grid_slice([n], point)]
+
+
+def test_a_configuration_whose_run_crashed_runs_again() -> None:
+    """A crash or a hang may be the node's: it says nothing of the configuration."""
+    space = _space()
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    proposer = Proposer(space, "tpe", 40)
+    first = study.ask()
+    space.suggest(first)
+    first.set_user_attr(m.STATE, m.CRASH)
+    study.tell(first, state=TrialState.FAIL)
+    again = study.ask()
+    space.suggest(again)
+    assert proposer.repeat_of(study, again) is None
+    assert not study.get_trials(states=(TrialState.WAITING,))
