@@ -323,7 +323,6 @@ def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
     assert pipeline._ended_early(None, proposer, space) is None
 
 
-
 def _stubborn(space: SearchSpace) -> optuna.samplers.BaseSampler:
     """A sampler that asks for the baseline every time: one at its most converged."""
     fixed = space.optuna_params(space.baseline())
