@@ -4,6 +4,7 @@ one at a time, each told to Optuna; what a dead group had not measured runs late
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import optuna
 import pytest
@@ -304,7 +305,8 @@ def test_only_the_last_group_can_be_lent_and_only_in_the_baselines_environment()
 def test_a_configuration_the_sampler_asks_for_again_is_not_run_again() -> None:
     search = _search(group_size=4)
     fixed = search.ctx.space.optuna_params(search.ctx.space.baseline())  # asked every time
-    search.study.sampler = optuna.samplers.PartialFixedSampler(fixed, search.study.sampler)
+    with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+        search.study.sampler = optuna.samplers.PartialFixedSampler(fixed, search.study.sampler)
     groups = _run_all(search)
     sent = [repr(sorted(member["params"].items())) for g in groups for member in g]
     assert len(sent) == len(set(sent)) == TOTAL

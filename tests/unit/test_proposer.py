@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import optuna
@@ -326,7 +327,8 @@ def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
 def _stubborn(space: SearchSpace) -> optuna.samplers.BaseSampler:
     """A sampler that asks for the baseline every time: one at its most converged."""
     fixed = space.optuna_params(space.baseline())
-    return optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(0))
+    with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+        return optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(0))
 
 
 def _run_asking_again(space: SearchSpace, strategy: str, measured: int) -> optuna.Study:
