@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 class Command:
     """``python -m <module> <args>`` with stdout a pipe (not a terminal), each line timed."""
 
-    def __init__(self, module: str, args: list[str]) -> None:
+    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.owner = _procs.new_owner(module.rsplit(".", 1)[-1])
         self.proc = _procs.start(
             [sys.executable, "-m", module, *args], self.owner,
-            {**os.environ, "PYTHONPATH": str(ROOT)},
+            {**(env or os.environ), "PYTHONPATH": str(ROOT)},
             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.lines: list[tuple[float, str]] = []

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _search import Holds
 from _stalls import Command, report
 
 HEARTBEAT_S = 5
@@ -24,14 +25,16 @@ TRIAL_TIMEOUT_S = 30
 the driver's bound is what ends a frozen configuration here."""
 
 
-def _search(out: Path, *sets: str, trials: int = 3) -> Command:
+def _search(
+    out: Path, *sets: str, trials: int = 3, env: dict[str, str] | None = None
+) -> Command:
     """The smoke search of ``trials`` with the given ``--set`` values on top of short bounds."""
     base = [f"search.start_timeout_s={PATIENT_START_S}", f"search.heartbeat_s={HEARTBEAT_S}",
             f"search.trial_timeout_s={TRIAL_TIMEOUT_S}", "search.prune=false"]  # fmt: skip
     args = ["--preset", "smoke", "--out", str(out), "--trials", str(trials)]
     for value in [*base, *sets]:
         args += ["--set", value]
-    return Command("orchestrator.search", args)
+    return Command("orchestrator.search", args, env)
 
 
 def _baseline_completed(search: Command) -> float:
@@ -55,11 +58,12 @@ def test_four_frozen_groups_in_one_search_are_hangs_in_their_phases(tmp_path: Pa
     frozen while that group starts is a hang in phase start at a multiple of the starts seen,
     well before search.start_timeout_s (300 s). Trial 3 completes in a fresh group. The frozen
     verdict's race goes on in trial 3's group (lent to it): a worker frozen there is a hang,
-    its group is ended and the race goes on in a fresh one, the pairs so far kept. The frozen
-    1-worker scaling group, measured after the verdict, is a hang too, killed before the
-    search writes its report (not left until it ends). No worker survives."""
-    out = tmp_path / "stall"
-    search = _search(out, "search.remeasure_top=1", trials=4)
+    its group is ended and the race goes on in a fresh one, the pairs so far kept. The 1-worker
+    scaling group, measured after the verdict, frozen once started (held at the 'measure' kill
+    point), is a hang in phase measure too, killed before the search writes its report (not
+    left until it ends). No worker survives."""
+    out, holds = tmp_path / "stall", Holds(tmp_path / "holds")
+    search = _search(out, "search.remeasure_top=1", trials=4, env=holds.env())
     try:  # warm evaluation: trial 1 runs on trial 0's workers, dispatched as 0 ends
         after = _baseline_completed(search)
         frozen, stopped_at = search.freeze(min(search.workers()))
@@ -81,12 +85,18 @@ def test_four_frozen_groups_in_one_search_are_hangs_in_their_phases(tmp_path: Pa
         report("during the verdict's race", seen_at - stopped_at, race_line)
         race_took_s = seen_at - stopped_at
         search.first("going on in a fresh worker group", 60, after)
+        # the 1-worker scaling group: its worker frozen where it holds, started, not measuring
         after, _ = search.first("scaling: measuring the baseline on 1 worker", timeout_s=500)
-        seen_at, line, scaling, scaling_at = search.freeze_new_workers(
-            search.workers(), "scaling: the 1-worker baseline did not complete",
-            PATIENT_START_S + TRIAL_TIMEOUT_S + 60)  # fmt: skip
+        before = search.workers()
+        holds.arm("measure")
+        holds.wait("measure", search.proc, timeout_s=PATIENT_START_S)
+        scaling = search.workers() - before
+        assert scaling, "the worker holding at 'measure' is not a new one:\n" + search.text()
+        scaling_at = max(search.freeze(pid)[1] for pid in sorted(scaling))
+        seen_at, line = search.first("scaling: the 1-worker baseline did not complete",
+                                     TRIAL_TIMEOUT_S + 60, after)  # fmt: skip
         report("in the 1-worker scaling group", seen_at - scaling_at, line)
-        assert "hang in phase" in line, search.text()
+        assert "hang in phase measure" in line, search.text()
         gone = _gone_by(search, scaling, "report: ")
         rc = search.proc.wait(timeout=400)
         left = search.left()
