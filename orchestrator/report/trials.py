@@ -10,6 +10,7 @@ from matplotlib.ticker import MaxNLocator
 
 from orchestrator.report.html import (
     FAILED_STATES,
+    NOT_RUN,
     bar_chart,
     esc,
     figure,
@@ -75,6 +76,8 @@ def section_throughput(record: RunRecord) -> str:
 def _kind(state: str | None) -> str:
     if state == "pruned":
         return "pruned"
+    if state == NOT_RUN:  # never run: no marker (the table below gives its reason)
+        return "not run"
     return "failed" if state in FAILED_STATES else "complete"
 
 

@@ -39,7 +39,7 @@ from orchestrator.planning.costmodel import (
     rank_candidates,
 )
 from orchestrator.search.study import NOT_RUN, queued_params
-from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace
+from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace, SpaceError
 from train_fns import metrics as m
 
 MEMORY_PARAMS = (
@@ -72,6 +72,9 @@ GRID_BATCH = 32
 """Grid points queued per refill: enough to keep parallel asks busy, cheap to look up."""
 JUDGED = (m.COMPLETE, m.PRUNED, m.OOM)
 """Outcomes that say how a configuration does (a crash or a hang may be the node's)."""
+NEIGHBOUR_OF = "neighbour_of"
+"""User attribute of a configuration queued in place of a sampler's repeat: the trial whose
+configuration was asked again (the early stop counts it as the sampler's)."""
 PATIENCE_SHARE = 0.5
 """Stage 3 ends early once this share of its budget (at least one trial) in a row raised
 nothing: a sampler whose last trials found nothing clearly better is unlikely to on the next
@@ -166,24 +169,38 @@ class Proposer:
     def repeat_of(self, study: optuna.Study, trial: optuna.Trial) -> int | None:
         """The number of the trial, judged or running, whose configuration ``trial`` (just
         asked, its params suggested) repeats; an unmeasured configuration one knob away from it
-        is then queued, so the next ask measures that instead (the caller tells ``trial`` as
-        :data:`~orchestrator.search.study.REPEAT`, not run). None, nothing queued, when the
-        configuration is new, or when every neighbour is known too: it runs again then."""
+        is then queued (marked :data:`NEIGHBOUR_OF`), so the next ask measures that instead (the
+        caller tells ``trial`` as :data:`~orchestrator.search.study.REPEAT`, not run).
+
+        None, nothing queued, when the configuration is new, when ``trial`` was enqueued (a
+        seed, a stage's point, or a deliberate re-run: the baseline or an interrupted trial
+        queued again by ``--resume``), or when every neighbour is known too: it runs again
+        then, the one case where a configuration is measured twice."""
         key = _key(trial.params)
         trials = study.get_trials(deepcopy=False)
+        if any(t.number == trial.number and "fixed_params" in t.system_attrs for t in trials):
+            return None
         earlier = next((t.number for t in trials if t.number != trial.number
                         and _key(t.params) == key and _known(t)), None)  # fmt: skip
         if earlier is None:
             return None
         point = self.space.from_optuna_params(trial.params)
         fresh = self._fresh_filter({_key(queued_params(t)) for t in trials})
-        near = fresh(q for n in self.space.param_names for q in self.space.grid_slice([n], point))
+        near = fresh(q for n in self.space.param_names for q in self._one_knob(n, point))
         if not near:
             return None
-        # Seeded by the trial's number: a resumed search draws the same neighbour.
+        # Seeded by the trial's number: the same study state draws the same neighbour.
         choice = random.Random(trial.number).choice(near)
-        study.enqueue_trial(self.space.optuna_params(choice), skip_if_exists=True)
+        study.enqueue_trial(self.space.optuna_params(choice), user_attrs={NEIGHBOUR_OF: earlier})
         return earlier
+
+    def _one_knob(self, knob: str, point: dict[str, Any]) -> list[dict[str, Any]]:
+        """``point`` with ``knob`` changed; none for a knob too large to list (a long int range
+        a sampler may search but no grid can hold)."""
+        try:
+            return self.space.grid_slice([knob], point)
+        except SpaceError:
+            return []
 
     def settled(self, study: optuna.Study) -> str | None:
         """Why the search can end before its budget, or None. Staged only, once nothing is
@@ -200,8 +217,7 @@ class Proposer:
             return None
         if self._next(trials, self._fresh_filter({_key(queued_params(t)) for t in trials})):
             return None  # the seeds and the first two stages always run
-        sampled = [t for t in trials if "fixed_params" not in t.system_attrs
-                   and t.user_attrs.get(m.STATE) in JUDGED]  # fmt: skip
+        sampled = [t for t in trials if _sampled(t) and t.user_attrs.get(m.STATE) in JUDGED]
         if len(sampled) < self.patience:
             return None
         last = sampled[-self.patience :]
@@ -243,7 +259,7 @@ class Proposer:
         stage1 = fresh(self._stage1_points())
         if stage1:
             return stage1
-        room = self._stage2_end - len(trials)
+        room = self._stage2_end - _counted(trials)
         best = self._best(trials)
         if room <= 0 or best is None:
             return []  # stage 3 (or nothing completed yet): the sampler decides
@@ -289,6 +305,12 @@ class Proposer:
             return None
         best = max(done, key=lambda t: (t.value, -t.number))  # ties: the earliest
         return self.space.from_optuna_params(best.params)
+
+
+def _sampled(trial: FrozenTrial) -> bool:
+    """Whether the sampler chose ``trial``: asked of it, or the neighbour queued in place of
+    one of its repeats (the sampler's choice, moved one knob)."""
+    return "fixed_params" not in trial.system_attrs or NEIGHBOUR_OF in trial.user_attrs
 
 
 def _known(trial: FrozenTrial) -> bool:

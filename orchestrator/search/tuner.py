@@ -29,7 +29,7 @@ from orchestrator.runfiles import Board
 from orchestrator.search.group_run import slowest_start
 from orchestrator.search.lease import Lease, search_over
 from orchestrator.search.outcome import prune_threshold
-from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers
+from orchestrator.search.progress import ProgressPrinter, tensorboard_loggers, trial_line
 from orchestrator.search.proposer import Proposer
 from orchestrator.search.results import TrialRecord, derived_attrs, measured_columns
 from orchestrator.search.study import INTERRUPTED, REPEAT, REQUEUE, counted
@@ -210,9 +210,11 @@ class GroupSearch(Searcher):
             trial, params = self._ask()
             earlier = self.proposer.repeat_of(self.study, trial)
             if earlier is not None:  # never run: the neighbour queued in its place runs
-                tell(self.study, trial, params, {m.STATE: REPEAT, m.REASON: (
+                said = {m.STATE: REPEAT, m.REASON: (
                     f"not run: trial {earlier}'s configuration, asked again; an unmeasured "
-                    "neighbour of it runs instead")})  # fmt: skip
+                    "neighbour of it runs instead")}  # fmt: skip
+                tell(self.study, trial, params, said)
+                print(trial_line(trial.number, said, params), flush=True)  # no number skipped
                 trial, params = self._ask()
             env_vars = {**self.ctx.config.env, **self.ctx.space.env_vars(params)}
             self.pending.append(Asked(trial, params, tuple(sorted(env_vars.items()))))

@@ -301,11 +301,13 @@ def test_only_the_last_group_can_be_lent_and_only_in_the_baselines_environment()
     assert (search.lease is not None) == lent and (works[-1].items[-1] is None) != lent
 
 
-
-def test_a_configuration_the_sampler_asks_for_again_is_not_run_again() -> None:
+def test_a_configuration_the_sampler_asks_for_again_is_not_run_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     search = _search(group_size=4)
     fixed = search.ctx.space.optuna_params(search.ctx.space.baseline())  # asked every time
-    with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+    with warnings.catch_warnings():  # Python 3.10 has no catch_warnings(category=...)
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         search.study.sampler = optuna.samplers.PartialFixedSampler(fixed, search.study.sampler)
     groups = _run_all(search)
     sent = [repr(sorted(member["params"].items())) for g in groups for member in g]
@@ -313,3 +315,6 @@ def test_a_configuration_the_sampler_asks_for_again_is_not_run_again() -> None:
     repeats = [t for t in search.study.trials if t.user_attrs.get(m.STATE) == REPEAT]
     assert repeats and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
     assert counted(search.study) == TOTAL
+    said = capsys.readouterr().out
+    for t in repeats:  # each says why its number ran nothing
+        assert f"trial {t.number:3d}   REPEAT: not run: trial " in said, said

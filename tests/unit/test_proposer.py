@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -14,12 +15,15 @@ from orchestrator.planning.costmodel import LINKS, ModelSize
 from orchestrator.search import estimate, pipeline
 from orchestrator.search.context import context_for
 from orchestrator.search.proposer import (
+    NEIGHBOUR_OF,
     Proposer,
     cost_model_seeds,
     make_sampler,
     search_seeds,
 )
+from orchestrator.search.results import baseline_failure, records
 from orchestrator.search.study import REPEAT, queued_params
+from orchestrator.search.tuner import tell
 from search_spaces import PLAN_KNOBS, SearchContext, SearchSpace, load_spaces
 from train_fns import metrics as m
 
@@ -327,7 +331,8 @@ def test_a_resumed_study_that_ended_early_is_a_finished_one() -> None:
 def _stubborn(space: SearchSpace) -> optuna.samplers.BaseSampler:
     """A sampler that asks for the baseline every time: one at its most converged."""
     fixed = space.optuna_params(space.baseline())
-    with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+    with warnings.catch_warnings():  # Python 3.10 has no catch_warnings(category=...)
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(0))
 
 
@@ -389,5 +394,97 @@ def test_a_configuration_whose_run_crashed_runs_again() -> None:
     study.tell(first, state=TrialState.FAIL)
     again = study.ask()
     space.suggest(again)
+    assert proposer.repeat_of(study, again) is None
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def _measure_asking_again(
+    space: SearchSpace, proposer: Proposer, study: optuna.Study, measured: int
+) -> str | None:
+    """``_run_asking_again`` with the early stop asked first, every trial 20 samples/s:
+    why the proposer settled, or None when ``measured`` trials ran."""
+    ran = 0
+    while ran < measured:
+        if why := proposer.settled(study):
+            return why
+        proposer.refill(study)
+        trial = study.ask()
+        space.suggest(trial)
+        if proposer.repeat_of(study, trial) is not None:
+            trial.set_user_attr(m.STATE, REPEAT)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        trial.set_user_attr(m.STATE, m.COMPLETE)
+        trial.set_user_attr(m.THROUGHPUT_CV, 0.02)
+        study.tell(trial, 20.0)
+        ran += 1
+    return None
+
+
+def test_the_early_stop_counts_the_neighbour_run_in_place_of_a_repeat() -> None:
+    """A converged sampler (asking one configuration again and again) is when stopping
+    matters: the neighbours run in its place are its trials to the early stop."""
+    space = _space(CPU)
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, "staged", 12, early_stop=True)
+    why = _measure_asking_again(space, proposer, study, 12)
+    assert why is not None, "a flat landscape ran every trial"
+    neighbours = [t.number for t in study.trials if NEIGHBOUR_OF in t.user_attrs]
+    assert neighbours and any(f"{n})" in why or f"{n}," in why for n in neighbours), why
+
+
+def test_a_baseline_queued_again_on_resume_runs_and_a_repeat_row_hides_no_failure() -> None:
+    """``--resume`` queues a baseline that never completed (out of memory, say) again: the
+    fix is what it is for, so it runs; and a repeat row of it never stands for its failure."""
+    space = _space(CPU)
+    base = space.optuna_params(space.baseline())
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    study.enqueue_trial(base)
+    first = study.ask()
+    tell(study, first, space.suggest(first), {m.STATE: m.OOM, m.REASON: "out of memory"})
+    study.enqueue_trial(base)  # what the resumed search does
+    proposer = Proposer(space, "staged", 12)
+    proposer.refill(study)
+    again = study.ask()
+    assert space.suggest(again) == space.baseline()
+    assert proposer.repeat_of(study, again) is None
+    tell(study, again, space.suggest(again), {m.STATE: REPEAT, m.REASON: "not run"})
+    assert baseline_failure(records(study), space.baseline()) == "oom: out of memory"
+
+
+@pytest.mark.parametrize("repeats", [0, 2, 4])
+def test_repeat_rows_leave_stage_2_its_room(repeats: int) -> None:
+    space = _space(CPU)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(space.optuna_params(space.baseline()))
+    proposer = Proposer(space, "staged", 12)
+    for value in range(5):  # the baseline and stage 1
+        proposer.refill(study)
+        trial = study.ask()
+        space.suggest(trial)
+        study.tell(trial, 20.0 + value)
+    for _ in range(repeats):
+        trial = study.ask()
+        space.suggest(trial)
+        trial.set_user_attr(m.STATE, REPEAT)
+        study.tell(trial, state=TrialState.FAIL)
+    assert proposer.refill(study) == 4
+
+
+def test_a_knob_too_wide_for_a_grid_gives_no_neighbours_not_an_error(tmp_path: Path) -> None:
+    """A sampler searches a long int range a grid cannot list; its repeat is not an error."""
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("name: wide\ndescription: a wide int knob\nparams:\n  NCCL_BUFFSIZE: "
+                    "{type: int, low: 1048576, high: 1068576, step: 1, default: 1048576}\n")
+    space = SearchSpace(load_spaces(["strategy", wide]), TWO_NODES)
+    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
+    proposer = Proposer(space, "tpe", 20)
+    first = study.ask()
+    space.suggest(first)
+    study.tell(first, 1.0)
+    again = study.ask()
+    space.suggest(again)
+    # no grid lists such a space's neighbours: the repeat runs again, as before this check
     assert proposer.repeat_of(study, again) is None
     assert not study.get_trials(states=(TrialState.WAITING,))
