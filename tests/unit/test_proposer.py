@@ -336,28 +336,37 @@ def _stubborn(space: SearchSpace) -> optuna.samplers.BaseSampler:
         return optuna.samplers.PartialFixedSampler(fixed, optuna.samplers.RandomSampler(0))
 
 
-def _run_asking_again(space: SearchSpace, strategy: str, measured: int) -> optuna.Study:
+def _run_asking_again(
+    space: SearchSpace, proposer: Proposer, measured: int
+) -> tuple[optuna.Study, str | None]:
     """The live search's loop with a sampler that asks for one configuration over and over:
-    a repeat is told as such and not measured, as ``GroupSearch._next`` does."""
+    a repeat is told as such and not measured, as ``GroupSearch._next`` does; the early stop
+    is asked before each trial. The study, and why the proposer settled (None when
+    ``measured`` trials ran)."""
     study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
     study.enqueue_trial(space.optuna_params(space.baseline()))
-    proposer = Proposer(space, strategy, measured)
-    while sum(t.user_attrs.get(m.STATE) != REPEAT for t in study.trials) < measured:
+    ran = 0
+    while ran < measured:
+        if why := proposer.settled(study):
+            return study, why
         proposer.refill(study)
         trial = study.ask()
-        space.suggest(trial)
+        params = space.suggest(trial)
         if proposer.repeat_of(study, trial) is not None:
             trial.set_user_attr(m.STATE, REPEAT)
             study.tell(trial, state=TrialState.FAIL)
-        else:
-            study.tell(trial, _objective(space.suggest(trial)) or 0.0)
-    return study
+            continue
+        trial.set_user_attr(m.STATE, m.COMPLETE)
+        trial.set_user_attr(m.THROUGHPUT_CV, 0.02)
+        study.tell(trial, _objective(params) or 0.0)
+        ran += 1
+    return study, None
 
 
 @pytest.mark.parametrize("strategy", ["staged", "tpe", "random"])
 def test_a_configuration_asked_again_is_not_measured_again(strategy: str) -> None:
     space = _space()
-    study = _run_asking_again(space, strategy, 12)
+    study, _ = _run_asking_again(space, Proposer(space, strategy, 12), 12)
     run = [repr(sorted(t.params.items())) for t in study.trials
            if t.user_attrs.get(m.STATE) != REPEAT]  # fmt: skip
     assert len(run) == len(set(run)) == 12
@@ -398,38 +407,12 @@ def test_a_configuration_whose_run_crashed_runs_again() -> None:
     assert not study.get_trials(states=(TrialState.WAITING,))
 
 
-def _measure_asking_again(
-    space: SearchSpace, proposer: Proposer, study: optuna.Study, measured: int
-) -> str | None:
-    """``_run_asking_again`` with the early stop asked first, every trial 20 samples/s:
-    why the proposer settled, or None when ``measured`` trials ran."""
-    ran = 0
-    while ran < measured:
-        if why := proposer.settled(study):
-            return why
-        proposer.refill(study)
-        trial = study.ask()
-        space.suggest(trial)
-        if proposer.repeat_of(study, trial) is not None:
-            trial.set_user_attr(m.STATE, REPEAT)
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        trial.set_user_attr(m.STATE, m.COMPLETE)
-        trial.set_user_attr(m.THROUGHPUT_CV, 0.02)
-        study.tell(trial, 20.0)
-        ran += 1
-    return None
-
-
 def test_the_early_stop_counts_the_neighbour_run_in_place_of_a_repeat() -> None:
     """A converged sampler (asking one configuration again and again) is when stopping
     matters: the neighbours run in its place are its trials to the early stop."""
     space = _space(CPU)
-    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
-    study.enqueue_trial(space.optuna_params(space.baseline()))
-    proposer = Proposer(space, "staged", 12, early_stop=True)
-    why = _measure_asking_again(space, proposer, study, 12)
-    assert why is not None, "a flat landscape ran every trial"
+    study, why = _run_asking_again(space, Proposer(space, "staged", 12, early_stop=True), 12)
+    assert why is not None, "a converged sampler ran its whole budget"
     neighbours = [t.number for t in study.trials if NEIGHBOUR_OF in t.user_attrs]
     assert neighbours and any(f"{n})" in why or f"{n}," in why for n in neighbours), why
 
