@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 FAILED_STATES = ("corrupt", "oom", "hang", "crash", "infeasible", "interrupted", "error")
-NOT_RUN = "repeat"
+REPEAT_STATE = "repeat"
 """The state of a trial the search never ran: a configuration the sampler asked for again."""
 PART_COLORS = {
     "data": "#8c564b",

@@ -10,7 +10,7 @@ from matplotlib.ticker import MaxNLocator
 
 from orchestrator.report.html import (
     FAILED_STATES,
-    NOT_RUN,
+    REPEAT_STATE,
     bar_chart,
     esc,
     figure,
@@ -76,7 +76,7 @@ def section_throughput(record: RunRecord) -> str:
 def _kind(state: str | None) -> str:
     if state == "pruned":
         return "pruned"
-    if state == NOT_RUN:  # never run: no marker (the table below gives its reason)
+    if state == REPEAT_STATE:  # never run: no marker (the table below gives its reason)
         return "not run"
     return "failed" if state in FAILED_STATES else "complete"
 

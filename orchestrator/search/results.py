@@ -28,7 +28,7 @@ from orchestrator.runfiles import (
     RunInfo,
     write_atomic,
 )
-from orchestrator.search.study import INTERRUPTED, NOT_RUN
+from orchestrator.search.study import INTERRUPTED, REPEAT
 from orchestrator.verdict.decide import Verdict
 from search_spaces import SearchSpace, lossy_knobs
 from train_fns import metrics as m
@@ -106,7 +106,7 @@ def baseline_failure(recs: list[TrialRecord], defaults: dict[str, Any]) -> str |
     """Why the baseline did not complete (its last run's state and reason); None when it did."""
     if baseline_record(recs, defaults) is not None:
         return None
-    runs = [r for r in recs if r.params == defaults and r.state not in NOT_RUN]
+    runs = [r for r in recs if r.params == defaults and r.state != REPEAT]  # one never run
     return f"{runs[-1].state}: {runs[-1].reason}" if runs else "it never ran"
 
 

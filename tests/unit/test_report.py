@@ -283,12 +283,12 @@ def test_the_report_replaces_the_page_whole(tmp_path: Path) -> None:
 
 
 def test_a_repeat_row_is_listed_with_its_reason_and_drawn_as_no_run() -> None:
-    from orchestrator.report.html import NOT_RUN
+    from orchestrator.report.html import REPEAT_STATE
     from orchestrator.report.trials import _kind, section_throughput
     from orchestrator.runfiles import RunRecord
     from orchestrator.search.study import REPEAT
 
-    assert NOT_RUN == REPEAT, "the report reads the state the search writes"
+    assert REPEAT_STATE == REPEAT, "the report reads the state the search writes"
     rows = [{"number": "0", "state": "complete", "samples_per_s": "10"},
             {"number": "1", "state": REPEAT, "reason": "not run: trial 0's configuration"}]
     assert [_kind(r["state"]) for r in rows] == ["complete", "not run"]
