@@ -373,12 +373,18 @@ def test_a_configuration_asked_again_is_not_measured_again(strategy: str) -> Non
     assert any(t.user_attrs.get(m.STATE) == REPEAT for t in study.trials)
 
 
-def test_a_repeat_is_replaced_by_an_unmeasured_neighbour() -> None:
-    space = _space()
+def _first_asked(space: SearchSpace) -> tuple[optuna.Study, Proposer, optuna.Trial]:
+    """A study whose sampler asks the baseline every time, a TPE proposer, and its first ask
+    (params suggested, not yet told)."""
     study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
-    proposer = Proposer(space, "tpe", 40)
     first = study.ask()
     space.suggest(first)
+    return study, Proposer(space, "tpe", 40), first
+
+
+def test_a_repeat_is_replaced_by_an_unmeasured_neighbour() -> None:
+    space = _space()
+    study, proposer, first = _first_asked(space)
     assert proposer.repeat_of(study, first) is None  # new: it runs
     assert not study.get_trials(states=(TrialState.WAITING,))
     study.tell(first, 1.0)
@@ -395,10 +401,7 @@ def test_a_repeat_is_replaced_by_an_unmeasured_neighbour() -> None:
 def test_a_configuration_whose_run_crashed_runs_again() -> None:
     """A crash or a hang may be the node's: it says nothing of the configuration."""
     space = _space()
-    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
-    proposer = Proposer(space, "tpe", 40)
-    first = study.ask()
-    space.suggest(first)
+    study, proposer, first = _first_asked(space)
     first.set_user_attr(m.STATE, m.CRASH)
     study.tell(first, state=TrialState.FAIL)
     again = study.ask()
@@ -461,10 +464,7 @@ def test_a_knob_too_wide_for_a_grid_gives_no_neighbours_not_an_error(tmp_path: P
     wide.write_text("name: wide\ndescription: a wide int knob\nparams:\n  NCCL_BUFFSIZE: "
                     "{type: int, low: 1048576, high: 1068576, step: 1, default: 1048576}\n")
     space = SearchSpace(load_spaces(["strategy", wide]), TWO_NODES)
-    study = optuna.create_study(direction="maximize", sampler=_stubborn(space))
-    proposer = Proposer(space, "tpe", 20)
-    first = study.ask()
-    space.suggest(first)
+    study, proposer, first = _first_asked(space)
     study.tell(first, 1.0)
     again = study.ask()
     space.suggest(again)
