@@ -11,7 +11,13 @@ its saving if it ranks as fresh workers do.
 
     python -m benchmarks.overhead                     # both presets (about 15 min on 2 cores)
     python -m benchmarks.overhead --presets smoke     # one
-    python -m benchmarks.overhead --quick             # smoke, 2 trials (what the tests run)
+    python -m benchmarks.overhead --quick             # the quick smoke search, cold and warm
+    python -m benchmarks.overhead runs/smoke --quick  # its cold twin beside that warm run
+
+With a run folder (``--quick`` only), that folder is the warm search, read, not run: a search
+run as ``benchmarks._commands.QUICK_SEARCH`` (the tests give it the one
+``calibration.verdicts --quick`` kept), so only its cold twin runs. Its race, after the trials,
+is outside the trials' wall-clock this compares.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks._commands import run_module
+from benchmarks._commands import QUICK_ARGS, QUICK_PRESET, run_module
 from benchmarks._record import add_results_option, recording
 from orchestrator.runfiles import TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
@@ -34,12 +40,19 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
     """One real search; returns its totals (seconds) and the command's wall-clock."""
     args = ["--preset", preset, "--out", str(out), "--set", f"search.warm={warm}", *QUIET, *extra]
     ran = run_module("orchestrator.search", args)
-    rows = read_csv(out / TRIALS_CSV)
-    totals = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
-    totals["trials"] = len(rows)
-    totals["search_wall_s"] = read_run_info(out).search_wall_s or 0.0
-    totals["command_s"] = ran.seconds
-    return totals
+    return {**totals(out), "command_s": ran.seconds}
+
+
+def totals(out: Path) -> dict[str, float]:
+    """A finished search's time parts summed over its trials, its trial count and its trials'
+    wall-clock (run_info.json); a folder without them is refused, naming what is missing."""
+    rows = read_csv(out / TRIALS_CSV) if (out / TRIALS_CSV).is_file() else []
+    wall_s = read_run_info(out).search_wall_s
+    if not rows or not wall_s:
+        raise SystemExit(f"{out} holds no finished search ({TRIALS_CSV} with trials, and "
+                         "search_wall_s in run_info.json): name a folder a search wrote")
+    found = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
+    return {**found, "trials": len(rows), "search_wall_s": wall_s}
 
 
 def samples_per_s_by_config(out: Path) -> dict[tuple, float]:
@@ -76,28 +89,33 @@ def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
         wall = t["search_wall_s"]
         unaccounted = wall - sum(t[k] for k in TIMING_PARTS)  # scheduling, group teardown
         shown = " ".join(f"{t[p] + (unaccounted if p == 'other_s' else 0):8.1f}" for p in parts)
+        command = f"{t['command_s']:7.0f}s" if "command_s" in t else f"{'(read)':>8}"
         lines.append(
-            f"{preset:10} {mode:10} {int(t['trials']):6d} {t['command_s']:7.0f}s {wall:10.0f}s "
+            f"{preset:10} {mode:10} {int(t['trials']):6d} {command} {wall:10.0f}s "
             f"{t['measured_s']:8.0f}s {t['measured_s'] / wall:6.0%}  {shown}"
         )
     return lines
 
 
 def measure(
-    presets: list[str], extra: list[str]
+    presets: list[str], extra: list[str], warm_run: Path | None = None
 ) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:
-    """Each preset's search cold, then warm: their totals, and whether they rank alike."""
+    """Each preset's search cold, then warm (``warm_run``: read from that folder, not run):
+    their totals, and whether they rank alike."""
     results: dict[tuple[str, str], dict[str, float]] = {}
     rankings = []
+    read = totals(warm_run) if warm_run else None  # a folder refused before any search runs
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
         for preset in presets:
-            for warm in (False, True):
-                mode = "warm" if warm else "cold"
+            cold_out = Path(tmp) / f"{preset}-cold"
+            warm_out = warm_run or Path(tmp) / f"{preset}-warm"
+            for mode, out in (("cold", cold_out), ("warm", warm_out)):
+                if read and mode == "warm":
+                    print(f"reading {preset} ({mode}) from {warm_run}", flush=True)
+                    results[preset, mode] = read
+                    continue
                 print(f"running {preset} ({mode})...", flush=True)
-                results[preset, mode] = run_search(
-                    preset, warm, Path(tmp) / f"{preset}-{mode}", extra
-                )
-            cold_out, warm_out = (Path(tmp) / f"{preset}-{m}" for m in ("cold", "warm"))
+                results[preset, mode] = run_search(preset, mode == "warm", out, extra)
             rankings.append(ranking_line(preset, samples_per_s_by_config(cold_out),
                                          samples_per_s_by_config(warm_out)))  # fmt: skip
     return results, rankings
@@ -105,17 +123,23 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run", nargs="?", type=Path,
+                   help="with --quick: a finished QUICK_SEARCH run, read as the warm search")
     p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
     p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
     p.add_argument("--quick", action="store_true",
-                   help="smoke only, 2 trials a search (what the tests run)")  # fmt: skip
+                   help="the quick smoke search (benchmarks._commands.QUICK_SEARCH: 2 trials) "
+                   "cold and warm, or cold beside RUN (what the tests run)")  # fmt: skip
     add_results_option(p)
     args = p.parse_args(argv)
-    if args.quick:
-        args.presets, args.set = ["smoke"], [*args.set, "search.trials=2"]
+    if args.run and not args.quick:
+        p.error(f"{args.run}: a run folder is read with --quick only (it must be a QUICK_SEARCH "
+                "run, so that its cold twin runs alike); without --quick both searches run")
     extra = [item for kv in args.set for item in ("--set", kv)]
+    if args.quick:
+        args.presets, extra = [QUICK_PRESET], [*QUICK_ARGS, *extra]
     with recording(__spec__.name, argv, args.results, args.quick) as figures:
-        results, rankings = measure(args.presets, extra)
+        results, rankings = measure(args.presets, extra, args.run)
         print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
         print("\n".join(table(results)))
         for preset in args.presets:

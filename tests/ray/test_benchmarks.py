@@ -28,7 +28,8 @@ QUICK = {
 }
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SEARCHES = {
-    "overhead": r"smoke: warm/cold trials wall-clock [0-9.]+x, measured share",
+    "overhead": (r"reading smoke \(warm\) from .*run0\n[\s\S]*smoke +warm +2 +\(read\) "
+                 r"[\s\S]*smoke: warm/cold trials wall-clock [0-9.]+x, measured share"),
     "calibration.record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
                                 r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
     "calibration.verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
@@ -76,9 +77,9 @@ def _quick(name: str, pattern: str, timeout_s: float, results: Path, *args: str)
     assert re.search(pattern, "\n".join(record.printed) + "\n"), record.printed[-20:]
 
 
-ON_A_KEPT_RUN = {"delivered": "calibration.verdicts"}
+ON_A_KEPT_RUN = {"delivered": "calibration.verdicts", "overhead": "calibration.verdicts"}
 """Script -> the benchmark whose kept smoke search it reads (``RUN --quick``): one search, not
-two, for the two quick modes."""
+three, for the three quick modes (``overhead`` reads it as its warm search)."""
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ HEARTBEAT_S = 5
 PATIENT_START_S = 300
 """search.start_timeout_s: generous for a group to start on a loaded 2-core machine; the frozen
 starts are caught earlier, by the bound adapted to the starts seen before them."""
-TRIAL_TIMEOUT_S = 30
+TRIAL_TIMEOUT_S = 20
 """Below the smoke preset's step_deadline_s (60 s after the last step, in the live rank):
 the driver's bound is what ends a frozen configuration here."""
 
