@@ -49,36 +49,36 @@ def _context(spaces: list[str], backend: str, tmp_path: Path, sets: tuple = ()) 
 
 
 @pytest.mark.slow  # minutes of CI time: run with -m slow
-def test_a_warm_group_and_fresh_workers_both_measure_every_configuration(
+def test_a_warm_group_measures_every_configuration_in_the_same_workers(
     ray_local: None, tmp_path: Path
 ) -> None:
-    """The same small grid measured in one warm worker group and with fresh workers for each
-    configuration: every window reported, the warm group's configurations measured in the same
-    worker processes and each fresh group in its own, the start paid where a group starts.
-    Whether the two rank alike is measured by ``python -m benchmarks.overhead`` (pairs
-    ordered alike)."""
+    """A small grid measured in one warm worker group, and its last configuration again with
+    fresh workers: every window reported, the warm group's configurations measured in the same
+    worker processes and the fresh group in its own, the start paid where a group starts. (A
+    whole search with fresh workers for every configuration is ``benchmarks.overhead --quick``'s
+    cold search, which the slow tier runs; whether the two rank alike is what that benchmark
+    measures.)"""
     sets = ("workload.global_batch=16", "search.warmup_steps=2", "search.measure_steps=6")
     ctx = _context(["accumulation", "ddp"], "gloo", tmp_path, sets)
     grid = [{**ctx.space.baseline(), "accumulation_steps": a} for a in (1, 8)]
     items = [derive_plan(ctx, params) for params in grid]
     assert all(p.micro_batch * p.accumulation_steps * p.world_size == 16 for p, _ in items)
     warm = measure_plans(ctx, items, "warm")
-    cold = [measure_plans(ctx, [item], f"cold{i}")[0] for i, item in enumerate(items)]
+    cold = measure_plans(ctx, items[-1:], "cold")
     for outcome in warm + cold:
         assert outcome[m.STATE] == m.COMPLETE, outcome
         assert outcome["num_windows"] == 3 and set(outcome[m.ENV_SEEN]) == {"0", "1"}
         assert outcome[m.STEP_TIME_S] >= outcome[m.FWD_BWD_S] > 0
         assert outcome["timings"]["measured_s"] > 0
-    # the warm group's second configuration reused its first's worker processes; each fresh
-    # group started its own (whether warm and fresh workers rank configurations alike is a
-    # speed claim: benchmarks/overhead.py)
+    # the warm group's second configuration reused its first's worker processes; the fresh
+    # group started its own
     pids = [o[m.RANK_PIDS] for o in warm + cold]
     assert all(set(p) == {"0", "1"} for p in pids), pids
     assert pids[0] == pids[1], f"the warm group's second configuration got new workers: {pids}"
-    groups = [set(p.values()) for p in pids[1:]]  # the warm group once, then each fresh one
-    assert len(set().union(*groups)) == 2 * len(groups), f"a fresh group reused workers: {pids}"
+    assert not set(pids[1].values()) & set(pids[2].values()), f"the fresh group reused: {pids}"
     assert warm[0]["timings"]["start_s"] > 0, "the warm group paid its start"
-    assert all(o["timings"]["start_s"] > 0 for o in cold), "each fresh group paid its start"
+    assert warm[1]["timings"]["start_s"] == 0, "the warm group's second configuration did not"
+    assert cold[0]["timings"]["start_s"] > 0, "the fresh group paid its start"
 
 
 def test_tune_search_workers_see_their_trials_nccl_variables(
