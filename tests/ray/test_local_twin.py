@@ -1,6 +1,6 @@
 """The local twin (cluster-local.yaml): a head whose autoscaler starts fake worker nodes, a
 smoke search submitted through the Jobs API that runs its trials on them, and a teardown that
-leaves nothing behind. Slow (about 100 s): run with ``pytest -m slow``.
+leaves nothing behind. Slow: run with ``pytest -m slow``.
 
 The job runs the installed commtune (``--no-upload``): the fake nodes share this machine's disk,
 and each node's runtime-env agent re-extracts an uploaded working directory over the same folder
@@ -13,7 +13,6 @@ import json
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -50,11 +49,7 @@ def test_local_twin_runs_a_submitted_search_on_its_fake_nodes(tmp_path: Path) ->
     head = start_head(
         ["--port=6379", "--num-cpus=1", "--autoscaling-config=cluster-local.yaml"], env, 8265
     )
-    try:
-        deadline = time.monotonic() + 180
-        while len(cluster_view(env)["others"]) < 2:
-            assert time.monotonic() < deadline, "the autoscaler never started 2 fake workers"
-            time.sleep(3)
+    try:  # submitted at once: the job waits for the nodes the autoscaler starts meanwhile
         done = submit_cli(
             ["--address", "http://127.0.0.1:8265", "search", "--follow", "--no-upload",
              "--results-root", str(tmp_path / "cluster"), "--preset", "smoke", "--trials", "2",

@@ -1,11 +1,12 @@
 """A search killed in trial 1 (its driver and everything it started, as a node loss takes them)
-resumes from another folder with the same ``--storage``, and a second ``--resume`` runs no trial
-again: on SQLite (a file shared by both folders) and on a real PostgreSQL server. The kill lands
-while trial 1 holds at its start (``train_fns.hold``), every time.
+resumes from another folder with the same ``--storage``: on SQLite (a file shared by both
+folders) and on a real PostgreSQL server. The kill lands while trial 1 holds at its start
+(``train_fns.hold``), every time.
 
 The searches run without their verdict's race, so the finished study is one whose driver died
-between its last trial and the end of its race (no ``remeasure.csv``): the second ``--resume``
-runs that race (on SQLite only: proven once, it costs a worker group). A third
+between its last trial and the end of its race (no ``remeasure.csv``): on SQLite a second
+``--resume`` runs no trial again and runs that race (proven once, on the file: what it reads
+from the study is what the first resume proved on both). A third
 ``--resume``, after the race's record is cut to its first two pairs (a verdict left undecided),
 measures on from those pairs: one killed study proves all three, where each used to start
 searches of its own."""
@@ -38,8 +39,8 @@ class Resumed:
     a: Path
     b: Path
     again: str
-    """What a second --resume said: no trial owed (on SQLite also the race its driver never
-    ran)."""
+    """What a second --resume said on SQLite: no trial owed, and the race its driver never
+    ran (empty on PostgreSQL: not run there)."""
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -69,10 +70,12 @@ def resumed(storage: str, tmp_path_factory: pytest.TempPathFactory) -> Resumed:
     first = kill_in_second_trial([*args, "--out", str(a / "run")], storage, holds)
     proc = cli([*args, "--out", str(b / "run"), "--resume"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    race = RACE if storage.startswith("sqlite") else []  # the race proven once: on SQLite
-    again = cli([*args, *race, "--out", str(b / "run"), "--resume"])
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    return Resumed(storage, first, proc.stdout + proc.stderr, a / "run", b / "run", again.stdout)
+    said = ""
+    if storage.startswith("sqlite"):  # proven once: a third search would prove it again
+        again = cli([*args, *RACE, "--out", str(b / "run"), "--resume"])
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        said = again.stdout
+    return Resumed(storage, first, proc.stdout + proc.stderr, a / "run", b / "run", said)
 
 
 def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
@@ -85,9 +88,10 @@ def test_a_killed_search_resumes_from_another_folder(resumed: Resumed) -> None:
     for name in ("best.yaml", "best.env", "trials.csv", "run_info.json", "report.html"):
         assert (b / name).is_file(), name
     assert not (resumed.a / "trials.csv").exists(), "A was killed before writing outputs"
-    assert "already has 2 of 2 trials" in resumed.again, "a finished study runs no trial again"
-    assert len(list(csv.DictReader((b / "trials.csv").open()))) == len(rows)
-    if resumed.url.startswith("postgresql"):
+    if resumed.url.startswith("sqlite"):
+        assert "already has 2 of 2 trials" in resumed.again, "a finished study runs no trial"
+        assert len(list(csv.DictReader((b / "trials.csv").open()))) == len(rows)
+    else:
         assert not any((d / "study.db").exists() for d in (resumed.a, b)), "it is in postgres"
         assert "postgresql+psycopg://commtune:***@" in (b / "best.yaml").read_text()
         leaked = [
@@ -113,7 +117,6 @@ def test_a_finished_study_whose_race_never_ended_races_on_resume(resumed: Resume
     """The race the killed driver never ran (no remeasure.csv) is run by ``--resume``, and
     best.yaml says the verdict it reached."""
     if not resumed.url.startswith("sqlite"):
-        assert "\nrace: " not in resumed.again  # without the race's settings: no race
         pytest.skip("proven once, on SQLite: a race costs a worker group")
     assert "\nrace: trial 2" in resumed.again, resumed.again[-3000:]
     record = list(csv.DictReader((resumed.b / "remeasure.csv").open()))
