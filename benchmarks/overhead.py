@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks._commands import QUICK_ARGS, QUICK_PRESET, run_module
 from benchmarks._record import add_results_option, recording
-from orchestrator.runfiles import TRIALS_CSV, read_csv, read_run_info
+from orchestrator.runfiles import RUN_INFO, TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
 
 QUIET = ["--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"]
@@ -50,7 +50,7 @@ def totals(out: Path) -> dict[str, float]:
     wall_s = read_run_info(out).search_wall_s
     if not rows or not wall_s:
         raise SystemExit(f"{out} holds no finished search ({TRIALS_CSV} with trials, and "
-                         "search_wall_s in run_info.json): name a folder a search wrote")
+                         f"search_wall_s in {RUN_INFO}): name a folder a search wrote")
     found = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
     return {**found, "trials": len(rows), "search_wall_s": wall_s}
 
