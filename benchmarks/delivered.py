@@ -19,7 +19,10 @@ is a defect to find.
     python -m benchmarks.delivered runs/cpu-demo                  # 3 pairs of 30 steps
     python -m benchmarks.delivered runs/cpu-demo --rounds 4 --steps 40 --trial 3
     python -m benchmarks.delivered --quick                         # a smoke search first
-    python -m benchmarks.delivered runs/smoke --quick              # 2 pairs of 12 steps on it
+    python -m benchmarks.delivered runs/smoke --quick              # 1 pair of 12 steps on it
+
+One pair gives a ratio and no interval (``--rounds 2`` or more give one): the quick mode is a
+check that the benchmark runs, not a measurement.
 """
 
 from __future__ import annotations
@@ -144,17 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trial", type=int, help="the trial to train beside the baseline (default: "
                     "the verdict's leader, kept or not)")  # fmt: skip
     quick = (
-        "2 pairs of 12 steps; without a run folder a smoke search (2 trials, a 3-pair race) "
-        "first (the tests give it the run that benchmarks.calibration.verdicts kept)"
+        "1 pair of 12 steps (a ratio, no interval); without a run folder a smoke search (2 "
+        "trials, a 3-pair race) first (the tests give it the run that "
+        "benchmarks.calibration.verdicts kept)"
     )
     ap.add_argument("--quick", action="store_true", help=quick)
     add_results_option(ap)
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1 pair (2 or more give an interval)")
     with (recording(__spec__.name, argv, args.results, args.quick) as figures,
           tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp):  # fmt: skip
         work = Path(tmp)
         if args.quick:
-            args.rounds, args.steps, args.skip = 2, 12, 3
+            args.rounds, args.steps, args.skip = 1, 12, 3
         if args.quick and not args.run:
             args.run = str(work / "search")
             run_module("orchestrator.search", [*QUICK_SEARCH, "--out", args.run])
@@ -179,17 +185,27 @@ def main(argv: list[str] | None = None) -> None:
                   f"= {ratios[-1]:.3f}; over the wall-clock {walls[-1] or float('nan'):.3f}",
                   flush=True)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
-        print(f"delivered: {paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
-              f"{paired.pairs} pairs of {args.steps}-step training runs)")  # fmt: skip
+        print(f"delivered: {described(paired)} of {args.steps}-step training runs")
         wall = PairedRatio(tuple(walls)) if None not in walls else None
         if wall:
-            print(f"delivered over the wall-clock: {wall.ratio:.3f}x (interval {wall.low:.3f}-"
-                  f"{wall.high:.3f}: reports, checkpoints and references between steps included)")
+            print(f"delivered over the wall-clock: {described(wall)}: reports, checkpoints and "
+                  "references between steps included")  # fmt: skip
         print(f"verdict:   {verdict.line()}")
         print(judged(verdict, number, paired))
+        interval = paired.pairs > 1
         figures.update(trial=number, steps=args.steps, pair_ratios=ratios, ratio=paired.ratio,
-                       low=paired.low, high=paired.high, wall_pair_ratios=walls,
+                       low=paired.low if interval else None,
+                       high=paired.high if interval else None, wall_pair_ratios=walls,
                        wall_ratio=wall.ratio if wall else None, verdict=verdict.line())  # fmt: skip
+
+
+def described(paired: PairedRatio) -> str:
+    """The delivered ratio with its interval and pairs; from one pair, the ratio alone (a
+    t-interval from one pair has no spread: it would run from 0 to infinity)."""
+    if paired.pairs < 2:
+        return f"{paired.ratio:.3f}x from 1 pair (an interval needs two: --rounds 2 or more)"
+    return (f"{paired.ratio:.3f}x (interval {paired.low:.3f}-{paired.high:.3f} from "
+            f"{paired.pairs} pairs)")  # fmt: skip
 
 
 def judged(verdict: Verdict, number: int, paired: PairedRatio) -> str:
@@ -197,6 +213,9 @@ def judged(verdict: Verdict, number: int, paired: PairedRatio) -> str:
     claimed = next((c.ratio for c in verdict.comparisons if c.number == number), None)
     if claimed is None:
         return f"the verdict compared no trial {number} with the baseline: nothing to check"
+    if paired.pairs < 2:
+        return (f"the verdict's ratio {claimed:.3f} for trial {number} is not checked: one pair "
+                "gives no interval (--rounds 2 or more)")  # fmt: skip
     inside = paired.low <= claimed <= paired.high
     return (f"the verdict's ratio {claimed:.3f} for trial {number} is "
             f"{'inside' if inside else 'OUTSIDE'} the delivered interval"

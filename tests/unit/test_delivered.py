@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.delivered import configs, judged, read_verdict, started_from, trial_config
+from benchmarks.delivered import (
+    configs,
+    described,
+    judged,
+    main,
+    read_verdict,
+    started_from,
+    trial_config,
+)
 from orchestrator.verdict.paired import PairedRatio
 
 
@@ -135,3 +143,19 @@ def test_the_verdicts_ratio_is_judged_against_the_delivered_interval(tmp_path: P
     assert "OUTSIDE the delivered interval: a defect" in judged(
         verdict, 1, PairedRatio((1.0, 1.02, 0.99)))
     assert "compared no trial 0" in judged(verdict, 0, PairedRatio((1.0, 1.02, 0.99)))
+
+
+def test_one_pair_gives_a_ratio_and_no_interval(tmp_path: Path) -> None:
+    """A t-interval from one pair runs from 0 to infinity: said as none, never as "inside"."""
+    _race(tmp_path, 150)
+    verdict = read_verdict(tmp_path)
+    one = PairedRatio((1.4,))
+    assert "is not checked: one pair gives no interval" in judged(verdict, 1, one)
+    assert described(one) == "1.400x from 1 pair (an interval needs two: --rounds 2 or more)"
+    assert described(PairedRatio((1.4, 1.6))).startswith("1.497x (interval ")
+
+
+def test_no_pair_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["some-run", "--rounds", "0"])
+    assert "--rounds 0: at least 1 pair" in capsys.readouterr().err
