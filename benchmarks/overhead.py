@@ -27,10 +27,13 @@ import itertools
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from benchmarks._commands import QUICK_ARGS, QUICK_PRESET, run_module
 from benchmarks._record import add_results_option, recording
-from orchestrator.runfiles import RUN_INFO, TRIALS_CSV, read_csv, read_run_info
+from orchestrator.runfiles import BEST_YAML, RUN_INFO, TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
 
 QUIET = ["--set", "search.remeasure_top=0", "--set", "search.scaling_baseline=false"]
@@ -121,11 +124,13 @@ def measure(
     return results, rankings
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, every refusal made before any search runs: a RUN only with ``--quick``,
+    and then one made as QUICK_SEARCH, with nothing its cold twin would run differently."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", nargs="?", type=Path,
                    help="with --quick: a finished QUICK_SEARCH run, read as the warm search")
-    p.add_argument("--presets", nargs="+", default=["smoke", "cpu-demo"])
+    p.add_argument("--presets", nargs="+", help="default: smoke cpu-demo")
     p.add_argument("--set", action="append", default=[], help="extra KEY=VALUE for both runs")
     p.add_argument("--quick", action="store_true",
                    help="the quick smoke search (benchmarks._commands.QUICK_SEARCH: 2 trials) "
@@ -135,9 +140,62 @@ def main(argv: list[str] | None = None) -> int:
     if args.run and not args.quick:
         p.error(f"{args.run}: a run folder is read with --quick only (it must be a QUICK_SEARCH "
                 "run, so that its cold twin runs alike); without --quick both searches run")
+    if args.quick and args.presets:
+        p.error(f"--presets {' '.join(map(str, args.presets))}: --quick runs the {QUICK_PRESET} "
+                "preset; drop one of them (a run folder goes before the options)")
+    if args.run and args.set:
+        p.error(f"--set {args.set[0]}: {args.run} was searched without it, so its cold twin "
+                "runs without it too; drop --set, or RUN to run both searches")
+    if args.run:
+        try:
+            check_quick_run(args.run)
+        except ValueError as e:
+            p.error(str(e))
+    args.presets = [QUICK_PRESET] if args.quick else args.presets or ["smoke", "cpu-demo"]
+    return args
+
+
+def quick_settings() -> dict[str, Any]:
+    """What QUICK_SEARCH sets (its preset's name, ``--trials``, each ``--set``), by dotted key,
+    with warm evaluation on: what a run read as its warm search must have been run with."""
+    found: dict[str, Any] = {"name": QUICK_PRESET, "search.warm": True}
+    args = iter(QUICK_ARGS)
+    for flag, value in zip(args, args, strict=True):
+        if flag == "--trials":
+            found["search.trials"] = int(value)
+        else:
+            key, _, text = value.partition("=")
+            found[key] = yaml.safe_load(text)
+    return found
+
+
+def check_quick_run(run: Path) -> None:
+    """ValueError unless ``run`` is a finished search (``totals``) whose best.yaml holds every
+    setting of ``quick_settings``; the message names the first that differs."""
+    path = run / BEST_YAML
+    if not path.is_file():
+        raise ValueError(f"{run}: no {BEST_YAML}: name the folder a finished quick search wrote "
+                         "(calibration.verdicts --quick --keep DIR writes DIR/run0)")  # fmt: skip
+    config = yaml.safe_load(path.read_text()) or {}
+    for key, want in quick_settings().items():
+        got: Any = config
+        for part in key.split("."):
+            got = got.get(part) if isinstance(got, dict) else None
+        if got != want:
+            raise ValueError(f"{run}: {key} is {got!r} in its {BEST_YAML}, the quick search's "
+                             f"is {want!r}: its cold twin would not run alike; name a run made "
+                             "as benchmarks._commands.QUICK_SEARCH, or drop RUN")  # fmt: skip
+    try:
+        totals(run)
+    except SystemExit as e:
+        raise ValueError(str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     extra = [item for kv in args.set for item in ("--set", kv)]
     if args.quick:
-        args.presets, extra = [QUICK_PRESET], [*QUICK_ARGS, *extra]
+        extra = [*QUICK_ARGS, *extra]
     with recording(__spec__.name, argv, args.results, args.quick) as figures:
         results, rankings = measure(args.presets, extra, args.run)
         print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")

@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed on to the search")  # fmt: skip
     ap.add_argument("--keep", metavar="DIR",
-                    help="keep each run's folder under DIR (for benchmarks.delivered)")
+                    help="keep each run's folder under DIR (for benchmarks.delivered, and with "
+                         "--quick for benchmarks.overhead)")
     ap.add_argument("--quick", action="store_true",
                     help="one clean smoke search (benchmarks._commands.QUICK_SEARCH: 2 trials, "
                          "a race of 3 pairs; what the tests run)")  # fmt: skip

@@ -29,7 +29,8 @@ QUICK = {
 """Script -> what its quick output must hold (no Ray: seconds each)."""
 SEARCHES = {
     "overhead": (r"reading smoke \(warm\) from .*run0\n[\s\S]*smoke +warm +2 +\(read\) "
-                 r"[\s\S]*smoke: warm/cold trials wall-clock [0-9.]+x, measured share"),
+                 r"[\s\S]*smoke: warm/cold trials wall-clock [0-9.]+x, measured share"
+                 r"[\s\S]*smoke: warm and cold order [01]/1 pairs of the 2 configurations"),
     "calibration.record_grid": (r"accumulation_steps,.*samples_per_s,cv,state\n"
                                 r"(1|2|4|8),.*,[0-9.]+,[0-9.]+,complete"),
     "calibration.verdicts": r"run 1/1 \.\.\.\n  \d+ s; \d+/\d+ disturbed",
