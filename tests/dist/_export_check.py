@@ -152,7 +152,6 @@ def run_torchrun(settings: dict[str, Any]) -> dict[str, Any]:
     optimizer.step()
     record = {**ddp_record(model), "accumulation": per_step(), "steps": 1,
               "micro_batches": seen}  # fmt: skip
-    dist.destroy_process_group()
     return record
 
 
@@ -207,6 +206,10 @@ def main() -> None:
     settings = json.loads(Path(settings_path).read_text())
     record = RUNNERS[target](settings)
     Path(f"rank{record['rank']}.json").write_text(json.dumps(record))
+    # Trainer and Accelerate leave the group up; a gloo group still up at interpreter exit can
+    # abort the process in teardown ("terminate called without an active exception")
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
