@@ -138,6 +138,19 @@ def read_verdict(run: Path) -> Verdict:
         return verdict_from_rows(list(csv.DictReader(f)))
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before any training run is spent, what would fail or mean nothing after one: no
+    pair, a run with no step left to measure, a run folder that is not one."""
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1 pair (2 or more give an interval)")
+    if args.skip < 0 or args.steps <= args.skip:
+        ap.error(f"--steps {args.steps} --skip {args.skip}: a run measures the steps after "
+                 "the skipped ones, so --steps must exceed --skip (and --skip be 0 or more)")
+    if args.run and not (Path(args.run) / BEST_YAML).is_file():
+        what = "is not a folder" if not Path(args.run).is_dir() else f"holds no {BEST_YAML}"
+        ap.error(f"{args.run} {what}: name a search's run folder (its --out)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="?", help=f"a search's run folder ({BEST_YAML}, {TRIALS_CSV})")
@@ -154,13 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help=quick)
     add_results_option(ap)
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds {args.rounds}: at least 1 pair (2 or more give an interval)")
+    if args.quick:
+        args.rounds, args.steps, args.skip = 1, 12, 3
+    check_args(ap, args)
     with (recording(__spec__.name, argv, args.results, args.quick) as figures,
           tempfile.TemporaryDirectory(prefix="commtune-delivered-") as tmp):  # fmt: skip
         work = Path(tmp)
-        if args.quick:
-            args.rounds, args.steps, args.skip = 1, 12, 3
         if args.quick and not args.run:
             args.run = str(work / "search")
             run_module("orchestrator.search", [*QUICK_SEARCH, "--out", args.run])

@@ -159,3 +159,27 @@ def test_no_pair_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["some-run", "--rounds", "0"])
     assert "--rounds 0: at least 1 pair" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--steps", "5"], "--steps 5 --skip 5: a run measures the steps after the skipped ones"),
+    (["--skip", "-1"], "--steps 30 --skip -1: a run measures"),
+])  # fmt: skip
+def test_a_run_with_no_step_to_measure_is_refused_before_training(
+    tmp_path: Path, args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), *args])
+    assert said in capsys.readouterr().err
+
+
+def test_a_mistyped_run_folder_is_named_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "runs" / "smok")])
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'runs' / 'smok'} is not a folder: name a search's run folder" in said
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert f"{tmp_path} holds no best.yaml" in capsys.readouterr().err
