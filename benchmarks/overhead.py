@@ -48,11 +48,11 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
 
 def totals(out: Path) -> dict[str, float]:
     """A finished search's time parts summed over its trials, its trial count and its trials'
-    wall-clock (run_info.json); a folder without them is refused, naming what is missing."""
+    wall-clock (run_info.json); ValueError for a folder without them, naming what is missing."""
     rows = read_csv(out / TRIALS_CSV) if (out / TRIALS_CSV).is_file() else []
     wall_s = read_run_info(out).search_wall_s
     if not rows or not wall_s:
-        raise SystemExit(f"{out} holds no finished search ({TRIALS_CSV} with trials, and "
+        raise ValueError(f"{out} holds no finished search ({TRIALS_CSV} with trials, and "
                          f"search_wall_s in {RUN_INFO}): name a folder a search wrote")
     found = {k: sum(float(r[k] or 0) for r in rows) for k in TIMING_PARTS}
     return {**found, "trials": len(rows), "search_wall_s": wall_s}
@@ -101,13 +101,13 @@ def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
 
 
 def measure(
-    presets: list[str], extra: list[str], warm_run: Path | None = None
-) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:
-    """Each preset's search cold, then warm (``warm_run``: read from that folder, not run):
-    their totals, and whether they rank alike."""
+    presets: list[str], extra: list[str], warm_run: Path | None = None,
+    read: dict[str, float] | None = None,
+) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:  # fmt: skip
+    """Each preset's search cold, then warm (``warm_run``: read from that folder, not run, its
+    ``totals`` given as ``read``): their totals, and whether they rank alike."""
     results: dict[tuple[str, str], dict[str, float]] = {}
     rankings = []
-    read = totals(warm_run) if warm_run else None  # a folder refused before any search runs
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
         for preset in presets:
             cold_out = Path(tmp) / f"{preset}-cold"
@@ -146,9 +146,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.run and args.set:
         p.error(f"--set {args.set[0]}: {args.run} was searched without it, so its cold twin "
                 "runs without it too; drop --set, or RUN to run both searches")
+    args.read = None
     if args.run:
         try:
-            check_quick_run(args.run)
+            args.read = check_quick_run(args.run)
         except ValueError as e:
             p.error(str(e))
     args.presets = [QUICK_PRESET] if args.quick else args.presets or ["smoke", "cpu-demo"]
@@ -169,9 +170,9 @@ def quick_settings() -> dict[str, Any]:
     return found
 
 
-def check_quick_run(run: Path) -> None:
-    """ValueError unless ``run`` is a finished search (``totals``) whose best.yaml holds every
-    setting of ``quick_settings``; the message names the first that differs."""
+def check_quick_run(run: Path) -> dict[str, float]:
+    """``run``'s ``totals``; ValueError unless it is a finished search whose best.yaml holds
+    every setting of ``quick_settings`` (the message names the first that differs)."""
     path = run / BEST_YAML
     if not path.is_file():
         raise ValueError(f"{run}: no {BEST_YAML}: name the folder a finished quick search wrote "
@@ -185,10 +186,7 @@ def check_quick_run(run: Path) -> None:
             raise ValueError(f"{run}: {key} is {got!r} in its {BEST_YAML}, the quick search's "
                              f"is {want!r}: its cold twin would not run alike; name a run made "
                              "as benchmarks._commands.QUICK_SEARCH, or drop RUN")  # fmt: skip
-    try:
-        totals(run)
-    except SystemExit as e:
-        raise ValueError(str(e)) from None
+    return totals(run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         extra = [*QUICK_ARGS, *extra]
     with recording(__spec__.name, argv, args.results, args.quick) as figures:
-        results, rankings = measure(args.presets, extra, args.run)
+        results, rankings = measure(args.presets, extra, args.run, args.read)
         print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
         print("\n".join(table(results)))
         for preset in args.presets:

@@ -50,8 +50,10 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().err
 
 
-def test_a_quick_run_is_accepted_as_the_warm_search(tmp_path: Path) -> None:
-    overhead.check_quick_run(_run(tmp_path / "run0"))
+def test_a_quick_run_is_accepted_as_the_warm_search_and_read_once(tmp_path: Path) -> None:
+    read = overhead.check_quick_run(_run(tmp_path / "run0"))
+    assert read["trials"] == 1 and read["search_wall_s"] == 20.0
+    assert all(read[part] == 1.0 for part in TIMING_PARTS)
 
 
 @pytest.mark.parametrize(("changed", "named"), [
