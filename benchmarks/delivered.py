@@ -5,8 +5,9 @@ The verdict claims a ratio measured in the search's own windows. What a user get
 training run of the kept configuration, so this runs both for real, the same steps each,
 ``--rounds`` pairs (baseline then finalist, then finalist then baseline, ...: a slow drift
 cancels as in the verdict), each training run a fresh ``python -m orchestrator.train`` in its
-own folder. The finalist is the verdict's leader (the highest lower end; ``--trial`` names
-another): best.yaml as written where the verdict kept it, else the trial as the search ran it
+own folder, all joining one Ray (the config's cluster, else a local one started once). The
+finalist is the verdict's leader (the highest lower end; ``--trial`` names another):
+best.yaml as written where the verdict kept it, else the trial as the search ran it
 (best.yaml's workload and cluster, the trial's knobs and variables from trials.csv), so a "no
 gain" or "too noisy" verdict is checked against training too. A run's throughput is its
 samples over its steps' seconds after ``--skip`` (the first steps build buckets and caches):
@@ -28,9 +29,11 @@ check that the benchmark runs, not a measurement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,10 @@ import yaml
 
 from benchmarks._commands import QUICK_SEARCH, run_module
 from benchmarks._record import add_results_option, recording
+from orchestrator.cluster.session import ray_address
+from orchestrator.config.schema import load_config
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
+from orchestrator.train.run import start_ray_for
 from orchestrator.train.runlog import wall_samples_per_s
 from orchestrator.verdict.decide import Verdict, verdict_from_rows
 from orchestrator.verdict.paired import PairedRatio, pair_order
@@ -112,17 +118,60 @@ def complete_row(rows: dict[str, dict[str, str]], number: int, path: Path) -> di
     return row
 
 
-def train(config: Path, out: Path, steps: int, skip: int) -> tuple[float, float | None]:
-    """One training run; its samples/s after ``skip`` steps: over the steps' seconds (the
-    harmonic mean of the steps' figures, every step the same global batch), and over the
-    wall-clock those steps spanned (``wall_samples_per_s``: what lies between steps too)."""
-    args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps)]
+@contextlib.contextmanager
+def one_ray(config: Path) -> Iterator[str]:
+    """The Ray every training run joins (its address): ``config``'s cluster, else the local
+    Ray its runs would each start, started once here (and stopped at the end), so that no run
+    pays a Ray start of its own: both roles alike, and the figures leave out the first steps
+    either way."""
+    import ray
+
+    loaded = load_config(str(config))
+    if ray_address(loaded):  # a cluster's: each run joins it anyway
+        yield ray_address(loaded)
+        return
+    start_ray_for(loaded, verbose=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def train(
+    config: Path, out: Path, steps: int, skip: int, address: str
+) -> tuple[float, float | None]:  # fmt: skip
+    """One training run, on the Ray at ``address``; its samples/s after ``skip`` steps: over
+    the steps' seconds (the harmonic mean of the steps' figures, every step the same global
+    batch), and over the wall-clock those steps spanned (``wall_samples_per_s``: what lies
+    between steps too)."""
+    args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps),
+            "--address", address]  # fmt: skip
     run_module("orchestrator.train", [*args, "--out", str(out)])
     with (out / PROGRESS_CSV).open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]
     figures = [{k: float(r[k]) for k in (WALL_TIME, STEP_TIME_S, SAMPLES_PER_S)} for r in rows]
     steps = statistics.harmonic_mean([r[SAMPLES_PER_S] for r in figures])
     return steps, wall_samples_per_s(figures)
+
+
+def trained_pairs(
+    paths: dict[str, Path], number: int, args: argparse.Namespace, work: Path
+) -> tuple[list[float], list[float | None]]:  # fmt: skip
+    """``args.rounds`` pairs of training runs (``paths``: each role's config) in alternating
+    order on one Ray: each pair's ratio by step and by wall-clock, printed as it comes."""
+    ratios: list[float] = []
+    walls: list[float | None] = []
+    with one_ray(paths["baseline"]) as address:
+        for k in range(args.rounds):
+            got = {role: train(paths[role], work / f"{role}{k}", args.steps, args.skip, address)
+                   for role in pair_order(k)}  # fmt: skip
+            (mine, mine_wall), (base, base_wall) = got["finalist"], got["baseline"]
+            ratios.append(mine / base)
+            walls.append(mine_wall / base_wall if mine_wall and base_wall else None)
+            print(f"pair {k + 1}: trial {number} {mine:.2f} vs baseline {base:.2f} samples/s "
+                  f"= {ratios[-1]:.3f}; over the wall-clock {walls[-1] or float('nan'):.3f}",
+                  flush=True)  # fmt: skip
+    return ratios, walls
 
 
 def read_verdict(run: Path) -> Verdict:
@@ -184,18 +233,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{run / REMEASURE_CSV} holds no finalist's comparison: name a "
                              "trial to train beside the baseline with --trial")  # fmt: skip
         finalist, baseline, number = configs(run, verdict, args.trial, work)
-        ratios, walls = [], []
-        for k in range(args.rounds):
-            got = {}
-            for role in pair_order(k):
-                path = baseline if role == "baseline" else finalist
-                got[role] = train(path, work / f"{role}{k}", args.steps, args.skip)
-            (mine, mine_wall), (base, base_wall) = got["finalist"], got["baseline"]
-            ratios.append(mine / base)
-            walls.append(mine_wall / base_wall if mine_wall and base_wall else None)
-            print(f"pair {k + 1}: trial {number} {mine:.2f} vs baseline {base:.2f} samples/s "
-                  f"= {ratios[-1]:.3f}; over the wall-clock {walls[-1] or float('nan'):.3f}",
-                  flush=True)  # fmt: skip
+        ratios, walls = trained_pairs({"finalist": finalist, "baseline": baseline}, number,
+                                      args, work)  # fmt: skip
         paired = PairedRatio(tuple(ratios))
         print(f"delivered: {described(paired)} of {args.steps}-step training runs")
         wall = PairedRatio(tuple(walls)) if None not in walls else None

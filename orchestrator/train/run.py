@@ -212,14 +212,21 @@ def _check_plan(template: TrialPlan, entry: Fitted, world: int) -> None:
         raise ConfigError(where, f"at {world} workers: {e}") from e
 
 
+def start_ray_for(config: Config, verbose: bool) -> None:
+    """Join ``config``'s cluster, or start the local Ray a run of it needs: sized for its
+    largest group (``train.max_workers`` of a worker range)."""
+    _, high = worker_counts(config)
+    start_ray(dataclasses.replace(config, cluster=dataclasses.replace(
+        config.cluster, num_workers=high)), verbose)  # fmt: skip
+
+
 def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLog]:
     """Start or join Ray, train to the end (or failure), return the summary."""
     import ray
 
     low, high = worker_counts(config)
     quiet_libraries(verbose)
-    start_ray(dataclasses.replace(config, cluster=dataclasses.replace(
-        config.cluster, num_workers=high)), verbose)  # fmt: skip
+    start_ray_for(config, verbose)
     try:
         use_gpu = resolve_gpu(config)
         check_capacity(dataclasses.replace(config, cluster=dataclasses.replace(
