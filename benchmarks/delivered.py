@@ -42,7 +42,7 @@ import yaml
 from benchmarks._commands import QUICK_SEARCH, run_module
 from benchmarks._record import add_results_option, recording
 from orchestrator.cluster.session import ray_address
-from orchestrator.config.schema import load_config
+from orchestrator.config.schema import ConfigError, load_config
 from orchestrator.runfiles import BEST_YAML, PROGRESS_CSV, REMEASURE_CSV, TRIALS_CSV, collect
 from orchestrator.train.run import start_ray_for
 from orchestrator.train.runlog import wall_samples_per_s
@@ -119,16 +119,19 @@ def complete_row(rows: dict[str, dict[str, str]], number: int, path: Path) -> di
 
 
 @contextlib.contextmanager
-def one_ray(config: Path) -> Iterator[str]:
-    """The Ray every training run joins (its address): ``config``'s cluster, else the local
-    Ray its runs would each start, started once here (and stopped at the end), so that no run
-    pays a Ray start of its own: both roles alike, and the figures leave out the first steps
-    either way."""
+def one_ray(config: Path) -> Iterator[str | None]:
+    """The Ray every training run joins: ``config``'s cluster (None: each run joins it by its
+    config), else the local Ray its runs would each start, started once here (its address;
+    stopped at the end), so that no run pays a Ray start of its own: both roles alike, and the
+    figures leave out the first steps either way."""
     import ray
 
-    loaded = load_config(str(config))
-    if ray_address(loaded):  # a cluster's: each run joins it anyway
-        yield ray_address(loaded)
+    try:
+        loaded = load_config(str(config))
+    except ConfigError as e:
+        raise SystemExit(f"{config}: {e}") from None
+    if ray_address(loaded):  # each run joins it as its config says, and names it so on error
+        yield None
         return
     start_ray_for(loaded, verbose=False)
     try:
@@ -138,14 +141,15 @@ def one_ray(config: Path) -> Iterator[str]:
 
 
 def train(
-    config: Path, out: Path, steps: int, skip: int, address: str
+    config: Path, out: Path, steps: int, skip: int, address: str | None
 ) -> tuple[float, float | None]:  # fmt: skip
-    """One training run, on the Ray at ``address``; its samples/s after ``skip`` steps: over
+    """One training run, on the Ray at ``address`` (None: its config's); its samples/s after
+    ``skip`` steps: over
     the steps' seconds (the harmonic mean of the steps' figures, every step the same global
     batch), and over the wall-clock those steps spanned (``wall_samples_per_s``: what lies
     between steps too)."""
     args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps),
-            "--address", address]  # fmt: skip
+            *(["--address", address] if address else [])]  # fmt: skip
     run_module("orchestrator.train", [*args, "--out", str(out)])
     with (out / PROGRESS_CSV).open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) > skip]

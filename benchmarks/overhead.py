@@ -43,7 +43,10 @@ def run_search(preset: str, warm: bool, out: Path, extra: list[str]) -> dict[str
     """One real search; returns its totals (seconds) and the command's wall-clock."""
     args = ["--preset", preset, "--out", str(out), "--set", f"search.warm={warm}", *QUIET, *extra]
     ran = run_module("orchestrator.search", args)
-    return {**totals(out), "command_s": ran.seconds}
+    try:
+        return {**totals(out), "command_s": ran.seconds}
+    except ValueError as e:  # the search exited 0 and left no trials: said, not a traceback
+        raise SystemExit(str(e)) from None
 
 
 def totals(out: Path) -> dict[str, float]:
@@ -101,21 +104,20 @@ def table(results: dict[tuple[str, str], dict[str, float]]) -> list[str]:
 
 
 def measure(
-    presets: list[str], extra: list[str], warm_run: Path | None = None,
-    read: dict[str, float] | None = None,
+    presets: list[str], extra: list[str], read: tuple[Path, dict[str, float]] | None = None
 ) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:  # fmt: skip
-    """Each preset's search cold, then warm (``warm_run``: read from that folder, not run, its
-    ``totals`` given as ``read``): their totals, and whether they rank alike."""
+    """Each preset's search cold, then warm (``read``: a run folder and its ``totals``, read
+    as the warm search, not run): their totals, and whether they rank alike."""
     results: dict[tuple[str, str], dict[str, float]] = {}
     rankings = []
     with tempfile.TemporaryDirectory(prefix="commtune-overhead-") as tmp:
         for preset in presets:
             cold_out = Path(tmp) / f"{preset}-cold"
-            warm_out = warm_run or Path(tmp) / f"{preset}-warm"
+            warm_out = read[0] if read else Path(tmp) / f"{preset}-warm"
             for mode, out in (("cold", cold_out), ("warm", warm_out)):
                 if read and mode == "warm":
-                    print(f"reading {preset} ({mode}) from {warm_run}", flush=True)
-                    results[preset, mode] = read
+                    print(f"reading {preset} ({mode}) from {out}", flush=True)
+                    results[preset, mode] = read[1]
                     continue
                 print(f"running {preset} ({mode})...", flush=True)
                 results[preset, mode] = run_search(preset, mode == "warm", out, extra)
@@ -149,7 +151,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.read = None
     if args.run:
         try:
-            args.read = check_quick_run(args.run)
+            args.read = args.run, check_quick_run(args.run)
         except ValueError as e:
             p.error(str(e))
     args.presets = [QUICK_PRESET] if args.quick else args.presets or ["smoke", "cpu-demo"]
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         extra = [*QUICK_ARGS, *extra]
     with recording(__spec__.name, argv, args.results, args.quick) as figures:
-        results, rankings = measure(args.presets, extra, args.run, args.read)
+        results, rankings = measure(args.presets, extra, args.read)
         print("\nseconds summed over the trials ('other' includes scheduling and group teardown)")
         print("\n".join(table(results)))
         for preset in args.presets:

@@ -30,8 +30,10 @@ def cpus_needed(cluster: ClusterConfig) -> float:
 
 def ray_address(config: Config) -> str | None:
     """The cluster to join: ``cluster.address``, else RAY_ADDRESS (how ``ray job submit``
-    tells a job's driver where its cluster is); None starts a local Ray."""
-    return config.cluster.address or os.environ.get("RAY_ADDRESS")
+    tells a job's driver where its cluster is); None (or ``local``, as Ray reads it) starts a
+    local Ray, sized for the run."""
+    address = config.cluster.address or os.environ.get("RAY_ADDRESS")
+    return None if address == "local" else address
 
 
 def check_ray_address(config: Config, key: str = "cluster.address") -> None:

@@ -204,12 +204,14 @@ RUNNERS = {"trainer": run_trainer, "accelerate": run_accelerate, "torchrun": run
 def main() -> None:
     target, settings_path = sys.argv[1], sys.argv[2]
     settings = json.loads(Path(settings_path).read_text())
-    record = RUNNERS[target](settings)
-    Path(f"rank{record['rank']}.json").write_text(json.dumps(record))
-    # Trainer and Accelerate leave the group up; a gloo group still up at interpreter exit can
-    # abort the process in teardown ("terminate called without an active exception")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        record = RUNNERS[target](settings)
+        Path(f"rank{record['rank']}.json").write_text(json.dumps(record))
+    finally:
+        # Trainer and Accelerate leave the group up; a gloo group still up at interpreter exit
+        # can abort the process ("terminate called without an active exception"), an error too
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

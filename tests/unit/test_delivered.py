@@ -5,10 +5,13 @@ ran it."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import ray
 import yaml
 
+from benchmarks import delivered
 from benchmarks.delivered import (
     configs,
     described,
@@ -183,3 +186,47 @@ def test_a_mistyped_run_folder_is_named_before_training(
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert f"{tmp_path} holds no best.yaml" in capsys.readouterr().err
+
+
+def _trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: dict) -> list:
+    """One pair trained as ``trained_pairs`` trains it, with the Ray start and each training
+    run stubbed: what happened, in order (Ray starts and stops, each run's arguments)."""
+    happened: list = []
+    monkeypatch.setattr(delivered, "start_ray_for", lambda config, verbose: happened.append(
+        "start"))  # fmt: skip
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(
+        gcs_address="127.0.0.1:6390"))  # fmt: skip
+    monkeypatch.setattr(ray, "shutdown", lambda: happened.append("stop"))
+
+    def run_module(module: str, args: list[str]) -> None:
+        happened.append(args[args.index("--steps") + 2 :])
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir()
+        rows = [f"{s},{s},0.1,{100 + s}" for s in range(1, 6)]
+        (out / "progress.csv").write_text("step,wall_time,step_time_s,samples_per_s\n"
+                                          + "\n".join(rows) + "\n")  # fmt: skip
+
+    monkeypatch.setattr(delivered, "run_module", run_module)
+    tmp_path.mkdir(exist_ok=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**BEST, "sizes": {}, "cluster": cluster}))
+    args = SimpleNamespace(rounds=1, steps=5, skip=1)
+    delivered.trained_pairs({"finalist": config, "baseline": config}, 1, args, tmp_path)
+    return happened
+
+
+def test_the_runs_join_one_local_ray_started_once_and_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    joined = ["--checkpoint-every", "5", "--address", "127.0.0.1:6390", "--out"]
+    for cluster in ({}, {"address": "local"}):
+        happened = _trained(tmp_path / str(len(cluster)), monkeypatch, cluster)
+        assert happened[0] == "start" and happened[-1] == "stop", happened
+        assert [h[:5] for h in happened[1:-1]] == [joined, joined], happened
+
+
+def test_the_runs_join_the_configs_cluster_as_they_would_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    happened = _trained(tmp_path, monkeypatch, {"address": "10.0.0.7:6379"})
+    assert [h[:3] for h in happened] == [["--checkpoint-every", "5", "--out"]] * 2, happened

@@ -90,3 +90,16 @@ def test_arguments_that_cannot_go_together_are_refused(
     run = str(_run(tmp_path / "run0"))
     err = _refused([run if a == "RUN" else a for a in argv], capsys)
     assert named.replace("RUN", run) in err, err
+
+
+def test_quick_beside_a_run_searches_cold_only_and_reads_the_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, searched, reads = _run(tmp_path / "run0"), [], []
+    read = overhead.totals
+    monkeypatch.setattr(overhead, "totals", lambda out: reads.append(out) or read(out))
+    monkeypatch.setattr(overhead, "run_search", lambda preset, warm, out, extra: searched.append(
+        (preset, warm, extra)) or {**read(run), "command_s": 30.0})  # fmt: skip
+    monkeypatch.setattr(overhead, "samples_per_s_by_config", lambda out: {})
+    assert overhead.main([str(run), "--quick", "--results", str(tmp_path / "records")]) == 0
+    assert searched == [("smoke", False, overhead.QUICK_ARGS)] and reads == [run]
