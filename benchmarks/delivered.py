@@ -144,10 +144,9 @@ def train(
     config: Path, out: Path, steps: int, skip: int, address: str | None
 ) -> tuple[float, float | None]:  # fmt: skip
     """One training run, on the Ray at ``address`` (None: its config's); its samples/s after
-    ``skip`` steps: over
-    the steps' seconds (the harmonic mean of the steps' figures, every step the same global
-    batch), and over the wall-clock those steps spanned (``wall_samples_per_s``: what lies
-    between steps too)."""
+    ``skip`` steps: over the steps' seconds (the harmonic mean of the steps' figures, every
+    step the same global batch), and over the wall-clock those steps spanned
+    (``wall_samples_per_s``: what lies between steps too)."""
     args = ["--config", str(config), "--steps", str(steps), "--checkpoint-every", str(steps),
             *(["--address", address] if address else [])]  # fmt: skip
     run_module("orchestrator.train", [*args, "--out", str(out)])
