@@ -33,6 +33,7 @@ import yaml
 
 from benchmarks._commands import QUICK_ARGS, QUICK_PRESET, run_module
 from benchmarks._record import add_results_option, recording
+from orchestrator.config.inputs import parse_set
 from orchestrator.runfiles import BEST_YAML, RUN_INFO, TRIALS_CSV, read_csv, read_run_info
 from orchestrator.search.results import TIMING_PARTS
 
@@ -167,8 +168,8 @@ def quick_settings() -> dict[str, Any]:
         if flag == "--trials":
             found["search.trials"] = int(value)
         else:
-            key, _, text = value.partition("=")
-            found[key] = yaml.safe_load(text)
+            parts, setting = parse_set(value)  # read as the search reads its --set
+            found[".".join(parts)] = setting
     return found
 
 
