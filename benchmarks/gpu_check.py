@@ -114,7 +114,8 @@ class Setup:
     peak_tflops: float | None
     peak_name: str
     measure_steps: int = 12
-    """After 3 warm-up steps (2 guarded); a plan's defaults, split in 3 windows as trials are."""
+    """After 3 warm-up steps (2 guarded, as the group's first trial); a plan's defaults, split
+    in 3 windows as trials are."""
 
     def plan(self, case: Case) -> TrialPlan:
         """The plan a trial of ``case`` would run on one worker (plan defaults otherwise)."""
@@ -215,8 +216,9 @@ def run_case(case: Case, setup: Setup, tf32: tuple[bool, bool]) -> Outcome:
 
 
 def guard_columns(outcome: Outcome, base: Outcome | None, correctness: ModuleType) -> dict:
-    """The guard's largest relative gaps from the baseline (figures both overflowed, which
-    the check skips, are skipped here too) and the driver's verdict at its tolerance."""
+    """The guard's largest relative gaps from the baseline (``grad_gap``: its gradient norms
+    and updates; figures both overflowed, which the check skips, are skipped here too) and
+    the driver's verdict at its tolerance."""
     got = outcome.guard
     norms = (got or {}).get("grad_norms") or []
     overflow = f"{sum(not math.isfinite(x) for x in norms)}/{len(norms)}" if norms else ""

@@ -8,7 +8,8 @@ with dropout off (``model.eval()``): dropout masks are drawn per rank and per mi
 they depend on the split and would differ by more than any summation order; the warm-up steps
 are never timed, so switching it off there costs the measurement nothing. For those steps the
 guard records the global mean loss and the global gradient norm (after the all-reduce, before
-the optimizer); the driver compares them with the baseline's (``orchestrator.search.correctness``).
+the optimizer) and how far the optimizer step moved the parameters along that gradient; the
+driver compares them with the baseline's (``orchestrator.search.correctness``).
 
 ``corrupt`` (``--inject-faults N:corrupt``) perturbs one rank's gradients after the all-reduce
 of the first step, as a corrupting transport would: the step is not slower, only wrong.
@@ -50,9 +51,9 @@ def corrupt_gradients(model: nn.Module) -> None:
 
 def guarded_steps(warmup_steps: int) -> int:
     """How many warm-up steps the guard records: all but the last when there are two or more
-    (the first measured step must not be the first with dropout on), else the one. From three
-    warm-up steps on, the second guarded step runs after an optimizer update, so a fault on
-    the optimizer's side shows too, not only one in the gradients."""
+    (the first measured step must not be the first with dropout on), else the one. Each
+    guarded step records its update too (``Guard.after_update``), so a fault on the
+    optimizer's side shows from the first step on, not only one in the gradients."""
     return max(1, warmup_steps - 1)
 
 
@@ -73,13 +74,16 @@ square): a whole large gradient in float64 (an embedding's, 4 times its bf16 siz
 more memory than training does, and the guard runs in the warm-up of a model that fits."""
 
 
-def row_squares(grad: Tensor) -> Tensor:
+def row_squares(grad: Tensor, other: Tensor | None = None) -> Tensor:
     """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row; an FSDP
-    rank's empty shard: none), a bounded number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
+    rank's empty shard: none), or of its products with ``other``'s same elements, a bounded
+    number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
     count = grad.shape[0] if grad.dim() else 1
     rows = grad.detach().reshape(count, grad.numel() // count if count else 0)  # an empty shard
+    by = rows if other is None else other.detach().reshape(rows.shape)
     per = max(1, SQUARES_CHUNK_ELEMENTS // max(1, rows.shape[1]))
-    parts = [rows[i : i + per].double().pow(2).sum(1) for i in range(0, rows.shape[0], per)]
+    parts = [(rows[i : i + per].double() * by[i : i + per].double()).sum(1)
+             for i in range(0, rows.shape[0], per)]  # fmt: skip
     return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float64)
 
 
@@ -104,20 +108,58 @@ def _shard_of(grad: Tensor) -> tuple[int, int]:
 
 @dataclass
 class Guard:
-    """The warm-up steps' losses and gradient norms, kept on the device until the end.
+    """The warm-up steps' losses, gradient norms and parameter updates, kept on the device
+    until the end.
 
     Beside the global norm, each shard's: under FSDP a corrupt rank moves the global norm by
     about 1/N of its own change (below bf16's tolerance from 13 ranks on), but its own shard's
     norm by all of it. Sharded gradients give their shard; full (replicated) ones give every
     chunk of each layout FSDP or HSDP could shard them into, so a DDP baseline has the figure
-    each FSDP candidate's shard is judged against."""
+    each FSDP candidate's shard is judged against.
+
+    The update: how far the optimizer step moved the parameters along the step's gradient,
+    the sum of gradient x (parameters after - parameters before), globally and per shard;
+    negative, about -lr x the gradient's L1 norm for Adam's first step. A fault on the
+    optimizer's side (the update itself wrong) cannot show in a step's loss or gradients, only
+    in the next step's; this figure shows it in the same step, so one guarded step checks both
+    sides and a warm plan needs no second one (``orchestrator.search.group_run``). Taken along
+    the gradient, not as the change of the parameters' squares: that sum cancels to a small
+    remainder which a sign flip of a near-zero gradient (Adam's first step moves every weight
+    by about lr, whatever its gradient's size) moved beyond bf16's tolerance in
+    tests/dist/test_guard.py."""
 
     losses: list[Tensor] = field(default_factory=list)
     squares: list[Tensor] = field(default_factory=list)
     shards: list[dict[int, Tensor]] = field(default_factory=list)
+    updates: list[Tensor] = field(default_factory=list)
+    update_shards: list[dict[int, Tensor]] = field(default_factory=list)
     counts: tuple[int, ...] = ()
     """The layouts full gradients are chunked into (``layouts``), agreed at the first step."""
     sharded: bool = False
+    _before: tuple[list[Tensor], float, Tensor, dict[int, Tensor]] | None = None
+    """The parameters the optimizer is about to update, the loss scale, and the sums of their
+    gradients x themselves before it does."""
+
+    def _sums(self, pairs: list[tuple[Tensor, Tensor | None]], device: torch.device) -> tuple:
+        """The float64 sum of a x b over ``pairs`` (a x a where b is None: squares), and per
+        shard of each layout (``counts``) as this rank holds it: its own shard of a sharded
+        tensor, every chunk of a full one."""
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        shards: dict[int, Tensor] = {}
+        for tensor, other in pairs:
+            rows = row_squares(_local(tensor), None if other is None else _local(other))
+            local = rows.sum() / replicas(tensor)
+            total += local
+            if hasattr(tensor, "to_local"):
+                count, index = _shard_of(tensor)
+                vec = shards.setdefault(count, torch.zeros(count, dtype=torch.float64,
+                                                           device=device))  # fmt: skip
+                vec[index] += local
+            else:
+                for count in self.counts:
+                    chunk = shard_squares(tensor, count, device, rows)
+                    shards[count] = shards[count] + chunk if count in shards else chunk
+        return total, shards
 
     def after_backward(self, runner: Any) -> None:
         """``StepRunner.before_optimizer`` in the warm-up: gradients are reduced, the
@@ -128,29 +170,33 @@ class Guard:
         self.sharded = self.sharded or _sharded(model)
         device = runner.device
         self.counts = self.counts or layouts(runner.plan.world_size)  # every rank, once
-        total = torch.zeros((), dtype=torch.float64, device=device)
-        shards: dict[int, Tensor] = {}
-        for p in model.parameters():
-            if p.grad is None:
-                continue
-            rows = row_squares(_local(p.grad))
-            local = rows.sum() / replicas(p.grad)
-            total += local
-            if hasattr(p.grad, "to_local"):
-                count, index = _shard_of(p.grad)
-                vec = shards.setdefault(count, torch.zeros(count, dtype=torch.float64,
-                                                           device=device))  # fmt: skip
-                vec[index] += local
-            else:
-                for count in self.counts:
-                    chunk = shard_squares(p.grad, count, device, rows)
-                    shards[count] = shards[count] + chunk if count in shards else chunk
+        params = [p for p in model.parameters() if p.grad is not None]
+        total, shards = self._sums([(p.grad, None) for p in params], device)
         # fp16: the gradients are still multiplied by GradScaler's scale (2^16 at first), so
         # the norm is judged unscaled; a step whose scaled gradients overflowed stays inf, the
         # step GradScaler skips, and the driver compares it as such (correctness.check).
         scale = runner.precision.loss_scale() or 1.0  # a host sync: warm-up is never timed
         self.squares.append(total / scale**2)
         self.shards.append({count: vec / scale**2 for count, vec in shards.items()})
+        self._before = (params, scale, *self._sums([(p.grad, p) for p in params], device))
+
+    def after_update(self, runner: Any) -> None:
+        """``StepRunner.after_optimizer`` in the warm-up, before the gradients are freed: the
+        step's update along its gradient. GradScaler's step has unscaled the gradients in
+        place, so the sums before it are unscaled here. A step GradScaler skipped (its
+        gradients overflowed) gives inf, as its gradient norm does, and is judged alike."""
+        if self._before is None:
+            return
+        params, scale, before, before_shards = self._before
+        self._before = None
+        after, after_shards = self._sums([(p.grad, p) for p in params], runner.device)
+        skipped = ~torch.isfinite(self.squares[-1])
+        inf = torch.tensor(float("inf"), dtype=torch.float64, device=runner.device)
+        self.updates.append(torch.where(skipped, inf, after - before / scale))
+        self.update_shards.append({
+            count: torch.where(skipped, inf, vec - before_shards[count] / scale)
+            for count, vec in after_shards.items()
+        })  # fmt: skip
 
     def record_loss(self, loss: Tensor) -> None:
         self.losses.append(loss.detach().double())
@@ -159,7 +205,9 @@ class Guard:
         """Global figures; every rank calls this at the same step (collectives). Losses are
         the mean over ranks; a sharded gradient's squares add up over ranks (each shard once),
         a replicated one should be equal on every rank, so the largest rank's norm is taken
-        (a rank whose gradients were corrupted after the all-reduce shows there)."""
+        (a rank whose gradients were corrupted after the all-reduce shows there). An update
+        may be negative (weight decay): a replicated one gives both the highest and the lowest
+        rank's, so a rank whose update went either way shows."""
         if not self.losses:
             return {"losses": [], "grad_norms": [], "shard_norms": {}}
         op = "sum" if self.sharded else "max"
@@ -169,5 +217,21 @@ class Guard:
         for count in sorted(set().union(*self.shards)):  # the same layouts every step
             steps = torch.stack([step[count] for step in self.shards])
             shard_norms[str(count)] = reduce_tensor(steps, op).sqrt().tolist()
-        return {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist(),
-                "shard_norms": shard_norms}  # fmt: skip
+        figures = {"losses": losses.tolist(), "grad_norms": squares.sqrt().tolist(),
+                   "shard_norms": shard_norms}  # fmt: skip
+        if self.updates:
+            figures["updates"] = self._extremes(torch.stack(self.updates))
+            figures["update_shards"] = {
+                str(count): self._extremes(torch.stack([s[count] for s in self.update_shards]))
+                for count in sorted(set().union(*self.update_shards))
+            }
+        return figures
+
+    def _extremes(self, steps: Tensor) -> dict[str, list]:
+        """Per step, the highest and the lowest rank's figure (a sharded one: the sum of the
+        shards, both)."""
+        if self.sharded:
+            total = reduce_tensor(steps, "sum").tolist()
+            return {"high": total, "low": total}
+        both = reduce_tensor(torch.stack([steps, -steps]), "max")
+        return {"high": both[0].tolist(), "low": (-both[1]).tolist()}

@@ -79,6 +79,8 @@ class StepRunner:
     fault: str | None
     before_optimizer: Callable[[StepRunner], None] | None = None
     """Called between the last backward and the optimizer step (gradient probes)."""
+    after_optimizer: Callable[[StepRunner], None] | None = None
+    """Called after the optimizer step, before the gradients are freed (the guard's update)."""
     num_params: int = 0
     nosync_s: float | None = None
     """The no-accumulation compute reference (``nosync_reference``), measured once."""
@@ -103,6 +105,8 @@ class StepRunner:
             self.before_optimizer(self)
         with self.timer.phase("optim"):
             self.precision.step(self.optimizer, step_loss)
+            if self.after_optimizer is not None:
+                self.after_optimizer(self)
             self.optimizer.zero_grad(set_to_none=True)
         self.timer.end_step()
         return step_loss
@@ -374,7 +378,7 @@ def _train_windows(
     # never the first one with dropout on.
     guarded = guarded_steps(plan.warmup_steps) if guard is not None else 0
     if guard is not None:
-        runner.before_optimizer = guard.after_backward
+        runner.before_optimizer, runner.after_optimizer = guard.after_backward, guard.after_update
         runner.model.eval()
     if plan.warmup_steps == 0:  # its first step is measured (a race's after a switch): the
         reduce_over_ranks([0.0])  # ranks start it together, none waiting in it for another
@@ -386,7 +390,7 @@ def _train_windows(
         if step < guarded:
             guard.record_loss(loss)
         if step + 1 == guarded:
-            runner.before_optimizer = None
+            runner.before_optimizer = runner.after_optimizer = None
             runner.model.train()
             checked = guard.figures()
             # the peak reported is of training steps, not of the guard's float64 copies;

@@ -62,8 +62,8 @@ GPU_UTIL = "gpu_util"
 WINDOW_WALL_S = "window_wall_s"
 """Wall-clock of the window's measured steps (what the search spends measuring)."""
 GUARD = "guard"
-"""First window only: the warm-up steps' global losses and gradient norms, dropout off
-(``train_fns.guard``), compared with the baseline's by the driver."""
+"""First window only: the warm-up steps' global losses, gradient norms and updates, dropout
+off (``train_fns.guard``), compared with the baseline's by the driver."""
 MEAN_STEP_TIME_S = "mean_step_time_s"
 """The window's mean step time on this rank (its plain steps where it has some: on CUDA the
 profiled step's syncs would weigh in); ``STEP_TIME_S`` is the median."""

@@ -2,8 +2,9 @@
 
 Every configuration starts from the same seeded weights and data stream, and every knob the
 spaces tune is exact: it may change the order of a sum, never its value beyond rounding. The
-worker records the warm-up steps' global losses and gradient norms with dropout off
-(``train_fns.guard``); here they are compared with the baseline's. A configuration beyond the
+worker records the warm-up steps' global losses, gradient norms and updates (how far each
+optimizer step moved the parameters along its gradient) with dropout off (``train_fns.guard``);
+here they are compared with the baseline's. A configuration beyond the
 tolerance ends ``corrupt``, is told to Optuna as failed and can never be best.
 
 The tolerance is measured, not guessed: tests/dist/test_guard.py runs every exact knob of the
@@ -17,7 +18,9 @@ one shard), the losses only by 3e-5 to 9e-5 in 4 steps (so the norm is the sharp
 tolerance sits far above its precision's rounding (which grows over steps and with model size)
 and below the injected fault: fp32 1e-3 (10^4 x the rounding, 50 x below the fault), bf16 1e-2
 (17 x its rounding, 5 x below the fault); fp16 (GPU only, not measured here) gets bf16's, its
-rounding unit being finer.
+rounding unit being finer. The updates differ by as little as the gradient norms under every
+exact knob, while a doubled learning rate doubles them (the same test; the figures are in the
+record named guard-update in benchmarks/results/).
 
 Lossy knobs (opt-in, ``search.lossy``) round the gradients themselves, so each declares its own
 tolerance (``LOSSY_TOLERANCES``), measured by the same test: the fp16 compression hook moved the
@@ -90,6 +93,27 @@ def _figures(base: dict[str, Any], got: dict[str, Any]) -> Iterator[tuple[str, f
         for step, (b, g) in enumerate(steps):
             for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
                 yield f"{step} shard {index} of {count} grad norm", bs, gs, True
+    yield from _update_figures(base, got)
+
+
+def _update_figures(
+    base: dict[str, Any], got: dict[str, Any]
+) -> Iterator[tuple[str, float, float, bool]]:
+    """The updates' figures both sides recorded (``train_fns.guard.Guard.after_update``): each
+    step's change of the parameters' squares, the highest and the lowest rank's, globally and
+    per shard. Judged as gradient figures: a step GradScaler skipped gives inf."""
+    for side in ("high", "low"):
+        steps = zip((base.get("updates") or {}).get(side) or [],
+                    (got.get("updates") or {}).get(side) or [], strict=False)  # fmt: skip
+        for step, (b, g) in enumerate(steps):
+            yield f"{step} update ({side}est rank)", b, g, True
+    b_shards, g_shards = base.get("update_shards") or {}, got.get("update_shards") or {}
+    for count in sorted(set(b_shards) & set(g_shards), key=int):
+        for side in ("high", "low"):
+            steps = zip(b_shards[count][side], g_shards[count][side], strict=False)
+            for step, (b, g) in enumerate(steps):
+                for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
+                    yield f"{step} shard {index} of {count} update ({side}est rank)", bs, gs, True
 
 
 def tolerance_for(plan: Any) -> float:

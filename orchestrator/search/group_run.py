@@ -49,11 +49,15 @@ from train_fns import metrics as m
 from train_fns.plan import TrialPlan
 
 Outcome = dict[str, Any]
-WARM_WARMUP_STEPS = 3
-"""Warm-up steps of a configuration after the group's first: the processes, libraries and
-thread pools are warm already and one step builds the new model's buckets and optimizer state,
-but the guard must see a step after an optimizer update (``train_fns.guard.guarded_steps``):
-two guarded steps, and the last warm-up step with dropout on."""
+WARM_WARMUP_STEPS = 2
+"""Warm-up steps of a configuration after the group's first, and the least that leaves its
+measured steps unbiased: the processes, libraries and thread pools are warm already. The first
+step is the guard's (dropout off), which checks the update as well as the gradients
+(``train_fns.guard.Guard``) and allocates the optimizer's state; the second is the first in
+train mode (dropout, activation checkpointing as Hugging Face models run it only in training)
+and the one where DDP rebuilds its buckets in the order the first backward used. Both cost
+differently from the steps after them, and by a configuration's knobs; no later step does
+(``benchmarks.calibration.step_noise --rebuild``)."""
 
 
 Source = Iterator[tuple[TrialPlan, dict[str, str]]]

@@ -72,6 +72,15 @@ EXACT_TWIN = {
 """Each lossy configuration without its lossy knob (the same split and strategy)."""
 CORRUPT = {"ddp corrupt": {"fault": "corrupt"}, "fsdp acc2 corrupt": {
     "strategy": "fsdp", "accumulation_steps": 2, "fault": "corrupt"}}  # fmt: skip
+OPTIMIZER_FAULT = {
+    "ddp lr x2": ("ddp acc1 (baseline)", {"lr": 2e-4}),
+    "fsdp acc2 lr x2": ("fsdp acc2 no reshard", {
+        "strategy": "fsdp", "accumulation_steps": 2, "lr": 2e-4,
+        "fsdp": FSDPOptions(reshard_after_forward=False),
+    }),
+}  # fmt: skip
+"""A fault on the optimizer's side (the update twice what it should be), each beside its
+exact twin: the first step's loss and gradients are the twin's, only the update differs."""
 
 
 def _plan(changes: dict) -> TrialPlan:
@@ -81,7 +90,8 @@ def _plan(changes: dict) -> TrialPlan:
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, dict]:
-    every = {**KNOBS, **BF16, **LOSSY, **CORRUPT}
+    faults = {name: changes for name, (_, changes) in OPTIMIZER_FAULT.items()}
+    every = {**KNOBS, **BF16, **LOSSY, **CORRUPT, **faults}
     plans = {name: _plan(c).to_dict() for name, c in every.items()}
     by_rank = run_distributed(guard_figures, plans, timeout_s=600.0)
     assert by_rank[0] == by_rank[1]  # global figures: every rank agrees
@@ -120,3 +130,26 @@ def test_injected_corruption_is_caught(figures: dict[str, dict]) -> None:
         for tolerance in (*TOLERANCES.values(), *LOSSY_TOLERANCES.values()):
             why = check(base, figures[name], tolerance)
             assert why is not None and "grad norm" in why, name
+
+
+def _first_step(figures: dict) -> dict:
+    """``figures`` as a plan with one guarded step records them (a warm plan's guard)."""
+    def first(value: object) -> object:
+        return {k: first(v) for k, v in value.items()} if isinstance(value, dict) else value[:1]
+
+    return {key: first(value) for key, value in figures.items()}
+
+
+def test_an_optimizer_side_fault_is_caught_in_the_first_guarded_step(
+    figures: dict[str, dict],
+) -> None:
+    """A warm plan guards one step: its loss and gradients come before any update, so only
+    the update figure can show a wrong update, under DDP and FSDP2 alike."""
+    base = _first_step(figures["ddp acc1 (baseline)"])
+    assert len(base["updates"]["high"]) == 1 and set(base["update_shards"]) == {"2"}
+    for name, (twin, _) in OPTIMIZER_FAULT.items():
+        got = _first_step(figures[name])
+        without_update = {k: v for k, v in got.items() if not k.startswith("update")}
+        assert check(_first_step(figures[twin]), without_update) is None, name
+        why = check(base, got, max(TOLERANCES.values()))
+        assert why is not None and "0 update" in why, name

@@ -55,12 +55,51 @@ def test_an_overflow_on_one_side_only_is_caught_outside_fp16() -> None:
     assert check(base, {"losses": [2.0, math.nan], "grad_norms": [1.0, 1.0]}) is not None
 
 
-def test_a_warm_plan_guards_a_step_after_an_update() -> None:
-    """Step 0's gradients come before any optimizer step; only a second guarded step can
-    show an optimizer-side fault (it was one: WARM_WARMUP_STEPS = 1)."""
-    assert guarded_steps(WARM_WARMUP_STEPS) >= 2
-    assert WARM_WARMUP_STEPS - guarded_steps(WARM_WARMUP_STEPS) == 1  # the last: dropout on
+def test_a_warm_plan_guards_the_update_and_measures_no_first_train_step() -> None:
+    """Step 0's gradients come before any optimizer step: the guard's update figure checks the
+    optimizer's side in that same step (it was blind there with WARM_WARMUP_STEPS = 1), and
+    the last warm-up step runs with dropout on, so the first measured step is not the first."""
+    assert WARM_WARMUP_STEPS - guarded_steps(WARM_WARMUP_STEPS) == 1
+    assert guarded_steps(WARM_WARMUP_STEPS) >= 1
     assert guarded_steps(1) == 1 and guarded_steps(0) == 1
+
+
+def _updated(lr: float, grad: float, scale: float | None = None) -> dict:
+    """The guard's figures for one SGD step of a 1-parameter model at weight 2."""
+    runner = _runner(scale, grad)
+    runner.model.weight.data.fill_(2.0)
+    guard = Guard()
+    guard.after_backward(runner)
+    optimizer = torch.optim.SGD(runner.model.parameters(), lr=lr)
+    if scale is None:
+        optimizer.step()
+    guard.after_update(runner)
+    guard.record_loss(torch.tensor(1.0))
+    return guard.figures()
+
+
+def test_the_update_figure_catches_an_optimizer_side_fault() -> None:
+    """Same loss, same gradient: only the update tells a doubled learning rate apart. SGD moves
+    the weight by -0.1 x 3, so along the gradient 3 x -0.3; at lr 0.2, 3 x -0.6."""
+    base = _updated(0.1, 3.0)
+    assert base["updates"]["high"] == base["updates"]["low"]
+    assert math.isclose(base["updates"]["high"][0], -0.9, rel_tol=1e-6)  # an fp32 weight
+    assert math.isclose(_updated(0.2, 3.0)["updates"]["high"][0], -1.8, rel_tol=1e-6)
+    assert check(base, _updated(0.1, 3.0)) is None
+    reason = check(base, _updated(0.2, 3.0))
+    assert reason is not None and "0 update (highest rank)" in reason
+    assert "1" in base["update_shards"]  # the one layout of one rank
+    older = {key: value for key, value in base.items() if not key.startswith("update")}
+    assert check(older, _updated(0.2, 3.0)) is None  # a baseline that recorded no update
+
+
+def test_a_skipped_step_updates_nothing_and_is_judged_as_overflowed() -> None:
+    """A step whose scaled gradients overflowed is the step GradScaler skips: its update is
+    inf, as its gradient norm, not a fault of 0 against the baseline's change."""
+    skipped = _updated(0.1, INF, scale=2.0**16)
+    assert skipped["updates"]["high"] == [INF] and skipped["updates"]["low"] == [INF]
+    assert check(skipped, skipped) is None
+    assert check(_updated(0.1, 3.0), skipped, 1e-2, fp16=True) is None
 
 
 def test_a_full_gradient_is_chunked_as_fsdp2_shards_it() -> None:
