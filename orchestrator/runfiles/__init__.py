@@ -45,7 +45,13 @@ from orchestrator.runfiles.files import (
     write_atomic,
     write_csv,
 )
-from orchestrator.runfiles.info import RunInfo, add_search_wall, read_run_info, update_run_info
+from orchestrator.runfiles.info import (
+    RunInfo,
+    add_race_time,
+    add_search_wall,
+    read_run_info,
+    update_run_info,
+)
 from orchestrator.runfiles.record import BELOW_SEARCHED, RunRecord, below_searched, collect, num
 from orchestrator.runfiles.summary import Summary, write_summary
 
@@ -80,6 +86,7 @@ __all__ = [
     "Summary",
     "BELOW_SEARCHED",
     "below_searched",
+    "add_race_time",
     "add_search_wall",
     "collect",
     "missing_dirs",

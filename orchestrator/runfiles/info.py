@@ -42,6 +42,10 @@ class RunInfo:
     """The baseline on one worker: scaling efficiency."""
     search_wall_s: float | None = None
     """The search's wall-clock, summed over resumed runs: the measured share."""
+    race_wall_s: float | None = None
+    """The race's wall-clock, summed over the races of resumed runs."""
+    race_measured_s: float | None = None
+    """Of it, the paired windows' measured steps: the race's part of the measured share."""
     link: str | None = None
     """A name in ``costmodel.LINKS``, written by hand: the link bound to judge against."""
 
@@ -78,3 +82,11 @@ def add_search_wall(out: Path, wall_s: float) -> None:
     search adds its own) to run_info.json, for the measured share of search time."""
     before = read_run_info(out).search_wall_s or 0.0
     update_run_info(out, RunInfo(search_wall_s=before + wall_s))
+
+
+def add_race_time(out: Path, wall_s: float, measured_s: float) -> None:
+    """Add a race's wall-clock and its paired windows' measured seconds (a resumed search's
+    race adds its own) to run_info.json, for the measured share of search time."""
+    before = read_run_info(out)
+    update_run_info(out, RunInfo(race_wall_s=(before.race_wall_s or 0.0) + wall_s,
+                                 race_measured_s=(before.race_measured_s or 0.0) + measured_s))

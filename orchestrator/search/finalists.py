@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from orchestrator.cluster.placement import group_nodes, pinnable
-from orchestrator.runfiles import REMEASURE_CSV, Board, read_csv
+from orchestrator.runfiles import REMEASURE_CSV, Board, add_race_time, read_csv
 from orchestrator.runfiles.remeasure import (
     BASELINE,
     FINALIST,
@@ -144,6 +144,7 @@ def remeasure(
             race.run()
         finally:
             race.board.close()
+            add_race_time(out, race.wall_s, race.measured_s)
         rows += race.rows
         if race.ended:
             print(f"race: ended early: {race.ended}", flush=True)
@@ -208,6 +209,7 @@ def measure_on(
             race.run()
     finally:
         race.board.close()
+        add_race_time(out, race.wall_s, race.measured_s)
     rows = rows + race.rows
     write_remeasure(path, rows)
     return verdict_from_rows(rows, delta)

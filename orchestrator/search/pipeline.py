@@ -25,7 +25,13 @@ from orchestrator.config.size_entries import fit_context
 from orchestrator.config.study_storage import without_password
 from orchestrator.planning.from_config import resolve_task
 from orchestrator.report import write_report
-from orchestrator.runfiles import RunInfo, add_search_wall, storage_dir, update_run_info
+from orchestrator.runfiles import (
+    RunInfo,
+    add_search_wall,
+    read_run_info,
+    storage_dir,
+    update_run_info,
+)
 from orchestrator.search import ctrl_c, evidence, study
 from orchestrator.search.context import (
     check_workers_nccl,
@@ -143,7 +149,7 @@ def run_search(
                 verdict = _remeasure(ctx, recs, out, deadline)
             lines = write_outputs(recs, config, space, out, verdict)
         lines += evidence.scaling_lines(recs, space.baseline(), info)
-        lines += filter(None, [overhead_line(recs, info.search_wall_s)])
+        lines += filter(None, [overhead_line(recs, read_run_info(out))])  # the race's time too
         lines.append(write_report(out))
         return lines, baseline_failure(recs, space.baseline())
     except SpaceError as e:  # e.g. a grid too large for this cluster's context

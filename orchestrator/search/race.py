@@ -173,6 +173,10 @@ class Race:
         self.lent: Lease | None = None
         """The search's last group, lent (``search.lease``): the race's first group, warm
         already; None: the race starts its own."""
+        self.wall_s = 0.0
+        """The race's wall-clock (``run``), its worker groups' starts and warm-ups included."""
+        self.measured_s = 0.0
+        """Wall-clock of its paired windows' measured steps (warm-ups are overhead)."""
 
     def carry(self, rows: Rows) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
@@ -212,6 +216,7 @@ class Race:
             most = f"{self.carried} pairs on record, at most {self.budget - self.carried} more"
         switch = self.switch_steps
         switch = f"after {switch} unmeasured" if switch else "the switch step counted"
+        began = time.monotonic()
         self.say(
             f"race: {shown} against the baseline in paired windows (same processes, "
             f"{self.steps} steps each, {switch}, B c then c B), until decided at δ "
@@ -232,6 +237,7 @@ class Race:
                 self.ended = self.ended or broken
                 break
             self.say(f"race: {broken}; going on in a fresh worker group, the pairs so far kept")
+        self.wall_s += time.monotonic() - began
         return self.entrants
 
     def _sharing(self) -> str:
@@ -376,6 +382,7 @@ class Race:
             done = "built and warmed up" if first else "warm again after the last build"
             self.say(f"race: {self._name(slot.who)} {done} ({value:.2f} samples/s)")
             return
+        self.measured_s += (outcome.get("timings") or {}).get("measured_s", 0.0)
         target = slot.against.baseline if slot.who is self.base else slot.against.windows
         target[slot.pair] = value
         if slot.pair in slot.against.windows and slot.pair in slot.against.baseline:

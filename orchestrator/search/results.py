@@ -175,18 +175,25 @@ def measured_share(rec: TrialRecord) -> float | None:
     return measured / wall
 
 
-def overhead_line(recs: list[TrialRecord], search_wall_s: float | None) -> str | None:
-    """The search summary's "measured share of search time": measured steps of every trial
-    over the wall-clock of the trials (worker group starts, set-up, scheduling included)."""
-    if not search_wall_s:
+def overhead_line(recs: list[TrialRecord], info: RunInfo) -> str | None:
+    """The search summary's "measured share of search time": the measured steps of every trial
+    and of the race's paired windows, over the wall-clock of the trials (worker group starts,
+    set-up, scheduling included) and of the race (its warm-ups included); each part's own
+    share beside it, and the trials' largest overheads."""
+    if not info.search_wall_s:
         return None
     measured = sum(timings(r).get("measured_s", 0.0) for r in recs)
-    parts = {k: sum(timings(r).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]}
-    top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    parts = [("trials", measured, info.search_wall_s)]
+    if info.race_wall_s:
+        parts.append(("race", info.race_measured_s or 0.0, info.race_wall_s))
+    overheads = {k: sum(timings(r).get(k, 0.0) for r in recs) for k in TIMING_PARTS[1:-1]}
+    top = sorted(overheads.items(), key=lambda kv: -kv[1])[:3]
     shown = ", ".join(f"{k.removesuffix('_s')} {v:.0f}s" for k, v in top)
+    measured_s, wall_s = (sum(part[i] for part in parts) for i in (1, 2))
+    each = ", ".join(f"{name} {m_s / w_s:.0%} of {w_s:.0f}s" for name, m_s, w_s in parts)
     return (
-        f"measured share of search time: {measured / search_wall_s:.0%} ({measured:.0f}s of "
-        f"measured steps in {search_wall_s:.0f}s of trials; largest overheads: {shown})"
+        f"measured share of search time: {measured_s / wall_s:.0%} ({measured_s:.0f}s of "
+        f"measured steps in {wall_s:.0f}s: {each}; the trials' largest overheads: {shown})"
     )
 
 

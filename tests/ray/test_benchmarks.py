@@ -92,6 +92,14 @@ def test_quick_benchmark_runs(name: str, tmp_path: Path) -> None:
     _quick(name, QUICK.get(name) or SEARCHES[name], timeout_s=480, results=tmp_path)
 
 
+@pytest.mark.slow
+def test_step_noise_rebuild_runs(tmp_path: Path) -> None:
+    """``step_noise --rebuild``: each visit a fresh trial plan through the trial's own path,
+    the window after 3 and after 2 warm-up steps side by side (seconds, no Ray)."""
+    pattern = r"\n3 \| 3-3 \| [0-9.]+ \| [0-9.]+% \| 1\.000 \| 1\.000\n2 \| 2-2 \| [0-9.]+ \| "
+    _quick("calibration.step_noise", pattern, 240, tmp_path, "--rebuild")
+
+
 def _searched_then_read(name: str, tmp_path: Path) -> None:
     """``name --quick --keep DIR``, then each benchmark that reads its run: ``RUN --quick``."""
     kept = tmp_path / "kept"

@@ -62,6 +62,11 @@ def test_the_primary_size_is_a_whole_smoke_search(ranged: tuple[Path, str]) -> N
     report = (out / "report.html").read_text()
     assert report.count("data:image/png;base64,") >= 4 and "https://" not in report
     assert "measured share of search time:" in text and info["search_wall_s"] > 0
+    # a finalist is always raced here (pruning off): the share counts the race's time too
+    share = next(line for line in text.splitlines()
+                 if line.startswith("[2 workers] measured share of search time:"))  # fmt: skip
+    assert "race round 1:" in text and info["race_wall_s"] > 0, text[-3000:]
+    assert 0 < info["race_measured_s"] < info["race_wall_s"] and ", race " in share, share
     best = load_config(str(out / "best.yaml"))
     assert best.strategy in ("ddp", "fsdp")
     assert best.workload.global_batch == 16

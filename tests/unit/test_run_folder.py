@@ -18,6 +18,7 @@ from orchestrator.runfiles import (
     WRITTEN_FILES,
     RunInfo,
     Summary,
+    add_race_time,
     add_search_wall,
     collect,
     read_run_info,
@@ -145,6 +146,27 @@ def test_run_info_round_trips_and_merges(tmp_path: Path) -> None:
     assert (info.backend, info.world_size, info.grad_bytes) == ("gloo", 2, 16e6)
     assert (read.use_gpu, read.gpu_util, read.search_wall_s) == (False, 0.5, 15.5)
     assert isinstance(read.topology, dict) and "cpu_count" in read.topology
+
+
+def test_the_measured_share_counts_the_race_beside_the_trials(tmp_path: Path) -> None:
+    """A resumed search's race adds its time as its trials do; the share is of both, each
+    part's own beside it, and a search without a race says its trials alone."""
+    from orchestrator.search.results import TrialRecord, overhead_line
+
+    timings = {"measured_s": 60.0, "warmup_s": 20.0, "start_s": 10.0, "reference_s": 5.0}
+    recs = [TrialRecord(0, "complete", "", {}, {"timings": timings})]
+    add_search_wall(tmp_path, 100.0)
+    alone = overhead_line(recs, read_run_info(tmp_path))
+    assert alone is not None and alone.startswith("measured share of search time: 60% (60s of ")
+    assert "race" not in alone and "trials 60% of 100s; the trials' largest overheads: " \
+        "warmup 20s, start 10s, reference 5s)" in alone
+    add_race_time(tmp_path, 80.0, 60.0)
+    add_race_time(tmp_path, 20.0, 20.0)
+    both = overhead_line(recs, read_run_info(tmp_path))
+    assert both is not None
+    assert both.startswith("measured share of search time: 70% (140s of measured steps in 200s:")
+    assert "trials 60% of 100s, race 80% of 100s;" in both
+    assert overhead_line(recs, RunInfo(race_wall_s=10.0)) is None  # no search on record
 
 
 def test_a_hand_edited_run_info_reads_wrong_kinds_as_absent(tmp_path: Path) -> None:
