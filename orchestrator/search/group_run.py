@@ -57,7 +57,8 @@ step is the guard's (dropout off), which checks the update as well as the gradie
 train mode (dropout, activation checkpointing as Hugging Face models run it only in training)
 and the one where DDP rebuilds its buckets in the order the first backward used. Both cost
 differently from the steps after them, and by a configuration's knobs; no later step does
-(``benchmarks.calibration.step_noise --rebuild``)."""
+(``benchmarks.calibration.step_noise --rebuild``; the record named step-noise-rebuild in
+benchmarks/results/)."""
 
 
 Source = Iterator[tuple[TrialPlan, dict[str, str]]]
