@@ -36,6 +36,12 @@ def _local(grad: Tensor) -> Tensor:
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
+def _finite_or_inf(figure: Tensor, skipped: bool) -> Tensor:
+    """``figure`` with inf where it is not finite, or everywhere on a ``skipped`` step."""
+    inf = torch.full_like(figure, float("inf"))
+    return inf if skipped else torch.where(torch.isfinite(figure), figure, inf)
+
+
 def _sharded(model: nn.Module) -> bool:
     return any(p.grad is not None and hasattr(p.grad, "to_local") for p in model.parameters())
 
@@ -77,7 +83,7 @@ more memory than training does, and the guard runs in the warm-up of a model tha
 def row_squares(grad: Tensor, other: Tensor | None = None) -> Tensor:
     """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row; an FSDP
     rank's empty shard: none), or of its products with ``other``'s same elements, a bounded
-    number of rows at a time (``SQUARES_CHUNK_ELEMENTS``)."""
+    number of rows at a time (``SQUARES_CHUNK_ELEMENTS``: three float64 temporaries of it)."""
     count = grad.shape[0] if grad.dim() else 1
     rows = grad.detach().reshape(count, grad.numel() // count if count else 0)  # an empty shard
     by = rows if other is None else other.detach().reshape(rows.shape)
@@ -119,10 +125,12 @@ class Guard:
 
     The update: how far the optimizer step moved the parameters along the step's gradient,
     the sum of gradient x (parameters after - parameters before), globally and per shard;
-    negative, about -lr x the gradient's L1 norm for Adam's first step. A fault on the
-    optimizer's side (the update itself wrong) cannot show in a step's loss or gradients, only
-    in the next step's; this figure shows it in the same step, so one guarded step checks both
-    sides and a warm plan needs no second one (``orchestrator.search.group_run``). Taken along
+    negative, about -lr x the gradient's L1 norm for Adam's first step. A wrong first update
+    (its size, or its direction along the gradient) cannot show in the step's loss or
+    gradients, only in the next step's; this figure shows it in the same step, so a warm plan
+    needs no second guarded step for it (``orchestrator.search.group_run``). What the first
+    update cannot show either way (Adam's moments, which it starts) is not checked by one
+    guarded step nor by two. Taken along
     the gradient, not as the change of the parameters' squares: that sum cancels to a small
     remainder which a sign flip of a near-zero gradient (Adam's first step moves every weight
     by about lr, whatever its gradient's size) moved beyond bf16's tolerance in
@@ -136,9 +144,11 @@ class Guard:
     counts: tuple[int, ...] = ()
     """The layouts full gradients are chunked into (``layouts``), agreed at the first step."""
     sharded: bool = False
-    _before: tuple[list[Tensor], float, Tensor, dict[int, Tensor]] | None = None
-    """The parameters the optimizer is about to update, the loss scale, and the sums of their
-    gradients x themselves before it does."""
+    _before: tuple[list[tuple[Tensor, Tensor]], float, Tensor, dict[int, Tensor]] | None = None
+    """The (gradient, parameter) pairs the optimizer is about to step, the loss scale, and the
+    sums of gradient x parameter before it does. The gradients are held, not read again from
+    the parameters: an optimizer may free them in its step (GradScaler unscales these same
+    tensors in place)."""
 
     def _sums(self, pairs: list[tuple[Tensor, Tensor | None]], device: torch.device) -> tuple:
         """The float64 sum of a x b over ``pairs`` (a x a where b is None: squares), and per
@@ -178,23 +188,25 @@ class Guard:
         scale = runner.precision.loss_scale() or 1.0  # a host sync: warm-up is never timed
         self.squares.append(total / scale**2)
         self.shards.append({count: vec / scale**2 for count, vec in shards.items()})
-        self._before = (params, scale, *self._sums([(p.grad, p) for p in params], device))
+        pairs = [(p.grad, p) for p in params]
+        self._before = (pairs, scale, *self._sums(pairs, device))
 
     def after_update(self, runner: Any) -> None:
         """``StepRunner.after_optimizer`` in the warm-up, before the gradients are freed: the
         step's update along its gradient. GradScaler's step has unscaled the gradients in
-        place, so the sums before it are unscaled here. A step GradScaler skipped (its
-        gradients overflowed) gives inf, as its gradient norm does, and is judged alike."""
+        place, so the sums before it are unscaled here. A step GradScaler skipped (it lowers
+        its scale on every rank alike, where an overflow shows in one shard's gradients only)
+        gives inf in every figure, as its gradient norm does, and is judged alike; so does one
+        whose update is not finite (NaN would drop out of gloo's max)."""
         if self._before is None:
             return
-        params, scale, before, before_shards = self._before
+        pairs, scale, before, before_shards = self._before
         self._before = None
-        after, after_shards = self._sums([(p.grad, p) for p in params], runner.device)
-        skipped = ~torch.isfinite(self.squares[-1])
-        inf = torch.tensor(float("inf"), dtype=torch.float64, device=runner.device)
-        self.updates.append(torch.where(skipped, inf, after - before / scale))
+        skipped = (runner.precision.loss_scale() or 1.0) < scale  # fused AdamW: still scaled
+        after, after_shards = self._sums(pairs, runner.device)
+        self.updates.append(_finite_or_inf(after - before / scale, skipped))
         self.update_shards.append({
-            count: torch.where(skipped, inf, vec - before_shards[count] / scale)
+            count: _finite_or_inf(vec - before_shards[count] / scale, skipped)
             for count, vec in after_shards.items()
         })  # fmt: skip
 

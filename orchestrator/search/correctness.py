@@ -65,7 +65,10 @@ def check(
     or None. Both are ``train_fns.guard`` figures over the same warm-up steps. A gradient
     figure both sides overflowed is a step GradScaler skips; under ``fp16`` so is one that
     overflowed on one side only (another accumulation split sums other magnitudes at the same
-    loss scale), and the losses still judge the run."""
+    loss scale), and the losses still judge the run; the updates after one that only one side
+    skipped are not compared (``on_one_path``)."""
+    if fp16:
+        base, got = on_one_path(base, got)
     for what, b, g, gradient in _figures(base, got):
         overflowed = (not math.isfinite(b), not math.isfinite(g))
         if gradient and (all(overflowed) or (fp16 and any(overflowed))):
@@ -77,6 +80,32 @@ def check(
                 "an exact knob must compute the same up to summation order"
             )
     return None
+
+
+def first_steps(figures: dict[str, Any], steps: int) -> dict[str, Any]:
+    """``figures`` as a run that guarded only its first ``steps`` steps records them: every
+    per-step list cut there, at any depth of the dictionaries that hold them."""
+
+    def cut(value: Any) -> Any:
+        return {k: cut(v) for k, v in value.items()} if isinstance(value, dict) else value[:steps]
+
+    return {key: cut(value) for key, value in figures.items()}
+
+
+def on_one_path(base: dict[str, Any], got: dict[str, Any]) -> tuple[dict, dict]:
+    """Both sides' figures, their updates only up to the first step one of them alone skipped
+    (GradScaler: its gradient norm overflowed), that step included: from there on one side's
+    update is Adam's first and the other's its second, from other weights. The losses and
+    gradient norms move by one step's update, far less than a tolerance: they still judge."""
+    norms = zip(base.get("grad_norms") or [], got.get("grad_norms") or [], strict=False)
+    split = next((step for step, (b, g) in enumerate(norms)
+                  if math.isfinite(b) != math.isfinite(g)), None)  # fmt: skip
+
+    def updates_cut(figures: dict[str, Any]) -> dict[str, Any]:
+        updates = {k: v for k, v in figures.items() if k.startswith("update")}
+        return {**figures, **first_steps(updates, split + 1)}
+
+    return (base, got) if split is None else (updates_cut(base), updates_cut(got))
 
 
 def _figures(base: dict[str, Any], got: dict[str, Any]) -> Iterator[tuple[str, float, float, bool]]:

@@ -173,10 +173,9 @@ class Race:
         self.lent: Lease | None = None
         """The search's last group, lent (``search.lease``): the race's first group, warm
         already; None: the race starts its own."""
-        self.wall_s = 0.0
-        """The race's wall-clock (``run``), its worker groups' starts and warm-ups included."""
-        self.measured_s = 0.0
-        """Wall-clock of its paired windows' measured steps (warm-ups are overhead)."""
+        self.wall_s, self.measured_s = 0.0, 0.0
+        """The race's wall-clock (its groups' starts and warm-ups included), and of it its paired
+        windows' measured steps: its part of the measured share of search time."""
 
     def carry(self, rows: Rows) -> None:
         """Measure on from a race on record (remeasure.csv's ``rows``): each finalist starts
@@ -223,22 +222,27 @@ class Race:
             f"{self.delta * 100:g}% "
             f"({most}{self._sharing()})"
         )
+        try:
+            self._attempts(env)
+        finally:  # an interrupted race's time counts too (its windows' measured time does)
+            self.wall_s += time.monotonic() - began
+        return self.entrants
+
+    def _attempts(self, env: dict[str, str]) -> None:
+        """The race in one worker group after another, until it ends or ``GROUPS`` did."""
         for attempt in range(self.first_attempt, self.first_attempt + GROUPS):
             self.slots, self.broken, self.finished, self.attempt = [], None, False, attempt
             group = self.lent or GroupRun(self.ctx, f"verdict_{attempt}", owned=True,
                                           out=self.say)  # fmt: skip
-            self.lent = None
-            plans = self._schedule()
-            group.run(((plan, env) for plan in plans), self._take, label=self._label)
+            self.lent = None  # the lent group serves the first attempt only
+            group.run(((plan, env) for plan in self._schedule()), self._take, label=self._label)
             if self.finished or not self._alive():
-                break
+                return
             broken = self.broken or "its worker group ended before the race did"
             if self.ended is not None or attempt + 1 == self.first_attempt + GROUPS:
                 self.ended = self.ended or broken
-                break
+                return
             self.say(f"race: {broken}; going on in a fresh worker group, the pairs so far kept")
-        self.wall_s += time.monotonic() - began
-        return self.entrants
 
     def _sharing(self) -> str:
         """How several finalists share the race's pairs, in words (nothing for one)."""

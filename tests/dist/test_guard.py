@@ -12,7 +12,13 @@ import pytest
 from _spawn import run_distributed
 from _tiny import TINY_BERT, guard_figures, tiny_plan
 
-from orchestrator.search.correctness import LOSSY_TOLERANCES, TOLERANCES, check, guard_check
+from orchestrator.search.correctness import (
+    LOSSY_TOLERANCES,
+    TOLERANCES,
+    check,
+    first_steps,
+    guard_check,
+)
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
 DROPOUT = {**TINY_BERT, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
@@ -132,24 +138,16 @@ def test_injected_corruption_is_caught(figures: dict[str, dict]) -> None:
             assert why is not None and "grad norm" in why, name
 
 
-def _first_step(figures: dict) -> dict:
-    """``figures`` as a plan with one guarded step records them (a warm plan's guard)."""
-    def first(value: object) -> object:
-        return {k: first(v) for k, v in value.items()} if isinstance(value, dict) else value[:1]
-
-    return {key: first(value) for key, value in figures.items()}
-
-
 def test_an_optimizer_side_fault_is_caught_in_the_first_guarded_step(
     figures: dict[str, dict],
 ) -> None:
     """A warm plan guards one step: its loss and gradients come before any update, so only
     the update figure can show a wrong update, under DDP and FSDP2 alike."""
-    base = _first_step(figures["ddp acc1 (baseline)"])
+    base = first_steps(figures["ddp acc1 (baseline)"], 1)
     assert len(base["updates"]["high"]) == 1 and set(base["update_shards"]) == {"2"}
     for name, (twin, _) in OPTIMIZER_FAULT.items():
-        got = _first_step(figures[name])
+        got = first_steps(figures[name], 1)
         without_update = {k: v for k, v in got.items() if not k.startswith("update")}
-        assert check(_first_step(figures[twin]), without_update) is None, name
+        assert check(first_steps(figures[twin], 1), without_update) is None, name
         why = check(base, got, max(TOLERANCES.values()))
         assert why is not None and "0 update" in why, name

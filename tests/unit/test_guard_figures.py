@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from orchestrator.search.correctness import check
+from orchestrator.search.correctness import check, first_steps
 from orchestrator.search.group_run import WARM_WARMUP_STEPS
 from train_fns.guard import Guard, guarded_steps, shard_squares
 
@@ -64,15 +64,24 @@ def test_a_warm_plan_guards_the_update_and_measures_no_first_train_step() -> Non
     assert guarded_steps(1) == 1 and guarded_steps(0) == 1
 
 
-def _updated(lr: float, grad: float, scale: float | None = None) -> dict:
-    """The guard's figures for one SGD step of a 1-parameter model at weight 2."""
+def _updated(lr: float, grad: float, scale: float | None = None, skip: bool = False,
+             free: bool = False) -> dict:
+    """The guard's figures for one SGD step of a 1-parameter model at weight 2. ``skip``: the
+    step GradScaler skips (no update, its scale halved); ``free``: the optimizer frees the
+    gradient in its step."""
     runner = _runner(scale, grad)
     runner.model.weight.data.fill_(2.0)
     guard = Guard()
     guard.after_backward(runner)
     optimizer = torch.optim.SGD(runner.model.parameters(), lr=lr)
-    if scale is None:
+    if skip:
+        runner.precision.loss_scale = lambda: scale / 2
+    else:
+        if scale is not None:
+            runner.model.weight.grad.div_(scale)  # GradScaler unscales in place
         optimizer.step()
+    if free:
+        runner.model.weight.grad = None
     guard.after_update(runner)
     guard.record_loss(torch.tensor(1.0))
     return guard.figures()
@@ -94,12 +103,47 @@ def test_the_update_figure_catches_an_optimizer_side_fault() -> None:
 
 
 def test_a_skipped_step_updates_nothing_and_is_judged_as_overflowed() -> None:
-    """A step whose scaled gradients overflowed is the step GradScaler skips: its update is
-    inf, as its gradient norm, not a fault of 0 against the baseline's change."""
-    skipped = _updated(0.1, INF, scale=2.0**16)
-    assert skipped["updates"]["high"] == [INF] and skipped["updates"]["low"] == [INF]
-    assert check(skipped, skipped) is None
-    assert check(_updated(0.1, 3.0), skipped, 1e-2, fp16=True) is None
+    """A step GradScaler skips gives inf in every update figure, as its gradient norm, not a
+    fault of 0 against the baseline's change; on a rank whose own shard did not overflow too
+    (the scale it lowered on every rank says so), and whatever the gradients were left as."""
+    for skipped in (_updated(0.1, INF, scale=2.0**16, skip=True),
+                    _updated(0.1, 3.0 * 2**16, scale=2.0**16, skip=True)):  # fmt: skip
+        assert skipped["updates"] == {"high": [INF], "low": [INF]}
+        assert skipped["update_shards"]["1"] == {"high": [[INF]], "low": [[INF]]}
+        assert check(skipped, skipped) is None
+        assert check(_updated(0.1, 3.0), skipped, 1e-2, fp16=True) is None
+    taken = _updated(0.1, 3.0 * 2**16, scale=2.0**16)  # unscaled: as the fp32 run's
+    assert math.isclose(taken["updates"]["high"][0], -0.9, rel_tol=1e-6)
+
+
+def test_updates_after_a_one_sided_skip_are_not_compared_under_fp16() -> None:
+    """Under fp16 a step only one side skipped leaves one side's next update Adam's first and
+    the other's its second: the updates after it are not compared (all would fail), the losses
+    and gradient norms still are."""
+    base = {"losses": [2.0, 1.9, 1.8], "grad_norms": [1.0, 1.0, 1.0],
+            "updates": {"high": [-0.5, -0.4, -0.3], "low": [-0.5, -0.4, -0.3]}}  # fmt: skip
+    got = {"losses": [2.0, 1.9, 1.8], "grad_norms": [INF, 1.0, 1.0],
+           "updates": {"high": [INF, -0.6, -0.1], "low": [INF, -0.6, -0.1]}}  # fmt: skip
+    assert check(base, got, 1e-2, fp16=True) is None
+    reason = check(base, {**got, "losses": [2.0, 1.9, 2.5]}, 1e-2, fp16=True)
+    assert reason is not None and "2 loss" in reason
+    reason = check(base, got, 1e-2)  # outside fp16 an overflow on one side is caught
+    assert reason is not None and "warm-up step 0 grad norm" in reason
+    reason = check({**base, "grad_norms": [INF, 1.0, 1.0]}, got, 1e-2, fp16=True)
+    assert reason is not None and "1 update" in reason  # both skipped: still one path
+    cut = first_steps({"a": [1, 2], "b": {"2": {"high": [[1], [2]]}}}, 1)
+    assert cut == {"a": [1], "b": {"2": {"high": [[1]]}}}
+
+
+def test_an_optimizer_that_frees_the_gradients_in_its_step_is_still_judged() -> None:
+    """The guard holds the step's gradients from before the optimizer: one that sets
+    ``p.grad = None`` in its step (to save memory) is judged, not a crash of every trial."""
+    assert _updated(0.1, 3.0, free=True)["updates"] == _updated(0.1, 3.0)["updates"]
+
+
+def test_a_non_finite_update_is_inf_before_the_ranks_reduce_it() -> None:
+    """gloo's max may drop a NaN: a NaN update is recorded as inf, which it keeps."""
+    assert _updated(float("nan"), 3.0)["updates"] == {"high": [INF], "low": [INF]}
 
 
 def test_a_full_gradient_is_chunked_as_fsdp2_shards_it() -> None:
