@@ -1,6 +1,7 @@
 """The guard at 16 ranks: one corrupt rank under FSDP2 moves the global
 gradient norm by about 1/16 of its own shard's change, inside bf16's tolerance, so the
-shard's own norm against the DDP baseline's same chunk is what catches it."""
+shard's own norm (and its own update) against the DDP baseline's same chunk is what catches
+it."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def test_one_corrupt_rank_of_sixteen_is_caught_at_bf16_tolerance() -> None:
     figures = run_distributed(guard_figures, plans, world_size=WORLD, timeout_s=400.0)[0]
     base, bad = figures["ddp"], figures["fsdp corrupt"]
     assert check(base, figures["fsdp"], TOLERANCES["fp32"]) is None  # exact: shards agree
-    hidden = {**bad, "shard_norms": {}}
-    assert check(base, hidden, TOLERANCES["bf16"]) is None, "the global norm alone sees it now"
+    hidden = {**bad, "shard_norms": {}, "update_shards": {}}
+    assert check(base, hidden, TOLERANCES["bf16"]) is None, "the global figures alone see it now"
     reason = check(base, bad, TOLERANCES["bf16"])
-    assert reason is not None and f"shard {WORLD - 1} of {WORLD}" in reason
+    assert reason is not None and f"shard {WORLD - 1} of {WORLD} grad norm" in reason
+    # the shard's update, which the corrupt gradient drove, sees it too
+    reason = check(base, {**bad, "shard_norms": {}}, TOLERANCES["bf16"])
+    assert reason is not None and f"shard {WORLD - 1} of {WORLD} update" in reason
 
 
 def _uneven(rank: int, world_size: int) -> dict:
