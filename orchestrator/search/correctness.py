@@ -128,9 +128,9 @@ def _figures(base: dict[str, Any], got: dict[str, Any]) -> Iterator[tuple[str, f
 def _update_figures(
     base: dict[str, Any], got: dict[str, Any]
 ) -> Iterator[tuple[str, float, float, bool]]:
-    """The updates' figures both sides recorded (``train_fns.guard.Guard.after_update``): each
-    step's change of the parameters' squares, the highest and the lowest rank's, globally and
-    per shard. Judged as gradient figures: a step GradScaler skipped gives inf."""
+    """The updates' figures both sides recorded (``train_fns.guard.Guard.after_update``): how
+    far each step's update moved the parameters along its gradient, the highest and the lowest
+    rank's, globally and per shard. Judged as gradient figures: a skipped step gives inf."""
     for side in ("high", "low"):
         steps = zip((base.get("updates") or {}).get(side) or [],
                     (got.get("updates") or {}).get(side) or [], strict=False)  # fmt: skip
