@@ -34,6 +34,11 @@ finalist, so no race and no verdict, and the quick mode would fail on a slow win
 quick modes that read a kept run (``delivered``, ``overhead``) read one of these."""
 
 
+TEARDOWN_ABORT = "terminate called without an active exception"
+"""What torch prints when a gloo worker thread outlives the interpreter's teardown: SIGABRT at
+exit, after the work is done (pytorch/pytorch#179291), even where the group was destroyed."""
+
+
 @dataclass(frozen=True)
 class Ran:
     """A finished command: its exit code, output and wall-clock."""

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks._commands import TEARDOWN_ABORT
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BEST = {
     "strategy": "fsdp",
@@ -19,17 +21,12 @@ BEST = {
 }  # fmt: skip
 
 
-TEARDOWN_ABORT = "terminate called without an active exception"
-"""What torch prints when a gloo worker thread outlives the interpreter's teardown (SIGABRT at
-exit, after the work is done: pytorch/pytorch#179291 describes it). A CI run's rank 1 ended so
-(exit -6; none of 25 runs here since): torch's, not the example's, so a run that printed all
-three steps and aborted so is tried once more; any other failure fails at once."""
-
-
 def test_own_loop_runs_the_tuned_configuration(tmp_path: Path) -> None:
     best = tmp_path / "best.yaml"
     best.write_text(yaml.safe_dump(BEST))
     done = _torchrun(best)
+    # a rank aborted in torch's gloo teardown (TEARDOWN_ABORT) after all three steps: torch's,
+    # not the example's (a CI run's rank 1 ended so, exit -6), so it is tried once more
     if done.returncode != 0 and TEARDOWN_ABORT in done.stderr and len(_steps(done.stdout)) == 3:
         done = _torchrun(best)
     assert done.returncode == 0, done.stderr[-2000:]
