@@ -83,13 +83,17 @@ more memory than training does, and the guard runs in the warm-up of a model tha
 def row_squares(grad: Tensor, other: Tensor | None = None) -> Tensor:
     """The float64 sum of squares of each dim-0 row of ``grad`` (a 0-d one: one row; an FSDP
     rank's empty shard: none), or of its products with ``other``'s same elements, a bounded
-    number of rows at a time (``SQUARES_CHUNK_ELEMENTS``: three float64 temporaries of it)."""
+    number of rows at a time (``SQUARES_CHUNK_ELEMENTS``: up to three float64 temporaries of it)."""
     count = grad.shape[0] if grad.dim() else 1
     rows = grad.detach().reshape(count, grad.numel() // count if count else 0)  # an empty shard
-    by = rows if other is None else other.detach().reshape(rows.shape)
+    by = None if other is None else other.detach().reshape(rows.shape)
     per = max(1, SQUARES_CHUNK_ELEMENTS // max(1, rows.shape[1]))
-    parts = [(rows[i : i + per].double() * by[i : i + per].double()).sum(1)
-             for i in range(0, rows.shape[0], per)]  # fmt: skip
+
+    def part(i: int) -> Tensor:
+        chunk = rows[i : i + per].double()
+        return (chunk.pow(2) if by is None else chunk * by[i : i + per].double()).sum(1)
+
+    parts = [part(i) for i in range(0, rows.shape[0], per)]
     return torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float64)
 
 
@@ -130,11 +134,10 @@ class Guard:
     gradients, only in the next step's; this figure shows it in the same step, so a warm plan
     needs no second guarded step for it (``orchestrator.search.group_run``). What the first
     update cannot show either way (Adam's moments, which it starts) is not checked by one
-    guarded step nor by two. Taken along
-    the gradient, not as the change of the parameters' squares: that sum cancels to a small
-    remainder which a sign flip of a near-zero gradient (Adam's first step moves every weight
-    by about lr, whatever its gradient's size) moved beyond bf16's tolerance in
-    tests/dist/test_guard.py."""
+    guarded step nor by two. Taken along the gradient, not as the change of the parameters'
+    squares: that sum cancels to a small remainder which a sign flip of a near-zero gradient
+    (Adam's first step moves every weight by about lr, whatever its gradient's size) moved
+    beyond bf16's tolerance in tests/dist/test_guard.py."""
 
     losses: list[Tensor] = field(default_factory=list)
     squares: list[Tensor] = field(default_factory=list)

@@ -227,10 +227,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:  # a check that it runs, not a figure: bert-tiny, short steps, few rounds
         args.model, args.rounds, args.per_rank, args.seq_len = "bert-tiny", 3, 4, 32
-        args.visit = args.visit or (None if args.rebuild else 3)
     least = max(REBUILD_WARMUPS) + 1 if args.rebuild else 3
     if args.visit is None:  # --rebuild: a window of 3 steps after 3 warm-ups (1 in --quick)
-        args.visit = (least + (0 if args.quick else 2)) if args.rebuild else VISIT
+        args.visit = (least + (0 if args.quick else 2)) if args.rebuild else (
+            least if args.quick else VISIT)
     args.accumulation = [int(a) for a in args.accumulation.split(",")]
     if len(args.accumulation) != 2 or args.visit < least or args.rounds < 2:
         sys.exit(f"--accumulation takes two counts (e.g. 1,4), --visit at least {least} steps, "

@@ -118,11 +118,18 @@ def _figures(base: dict[str, Any], got: dict[str, Any]) -> Iterator[tuple[str, f
             yield f"{step} {label}", b, g, gradient
     shared = set(base.get("shard_norms") or {}) & set(got.get("shard_norms") or {})
     for count in sorted(shared, key=int):
-        steps = zip(base["shard_norms"][count], got["shard_norms"][count], strict=False)
-        for step, (b, g) in enumerate(steps):
-            for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
-                yield f"{step} shard {index} of {count} grad norm", bs, gs, True
+        yield from _per_shard(count, base["shard_norms"][count], got["shard_norms"][count],
+                              "grad norm")  # fmt: skip
     yield from _update_figures(base, got)
+
+
+def _per_shard(
+    count: str, base: list[list[float]], got: list[list[float]], what: str
+) -> Iterator[tuple[str, float, float, bool]]:
+    """Each step's figure of each of ``count`` shards, both sides' (gradient figures)."""
+    for step, (b, g) in enumerate(zip(base, got, strict=False)):
+        for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
+            yield f"{step} shard {index} of {count} {what}", bs, gs, True
 
 
 def _update_figures(
@@ -139,10 +146,8 @@ def _update_figures(
     b_shards, g_shards = base.get("update_shards") or {}, got.get("update_shards") or {}
     for count in sorted(set(b_shards) & set(g_shards), key=int):
         for side in ("high", "low"):
-            steps = zip(b_shards[count][side], g_shards[count][side], strict=False)
-            for step, (b, g) in enumerate(steps):
-                for index, (bs, gs) in enumerate(zip(b, g, strict=False)):
-                    yield f"{step} shard {index} of {count} update ({side}est rank)", bs, gs, True
+            yield from _per_shard(count, b_shards[count][side], g_shards[count][side],
+                                  f"update ({side}est rank)")  # fmt: skip
 
 
 def tolerance_for(plan: Any) -> float:
