@@ -63,6 +63,8 @@ class RunSpec:
     """An in-memory snapshot every this many steps between checkpoints (``train_fns.snapshots``;
     0: none), where the worker has a keeper and the state weighs at most ``snapshot_max_mb``."""
     snapshot_max_mb: float = 1024.0
+    tune_window: int = 0
+    """Tuning while training (``train_fns.online``): steps a window holds; 0: no tuning."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

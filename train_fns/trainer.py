@@ -20,6 +20,7 @@ from train_fns.commsplit import exposed_comm, nosync_from_accumulation
 from train_fns.gradients import layer_grad_norms
 from train_fns.hold import hold
 from train_fns.loop import StepRunner, build_runner
+from train_fns.online import Judge, OnlineTuning
 from train_fns.plan import TrialPlan
 from train_fns.ranks import reduce_over_ranks, reduce_tensor
 from train_fns.restart import (
@@ -76,10 +77,12 @@ class ElasticTrainer:
         checkpoint_dir: Path | None,
         keeper: snapshots.Keeper | None = None,
         setup: Marks | None = None,
+        judge: Judge | None = None,
     ) -> None:
         """``keeper``: where snapshots go (None: checkpoints only); ``setup``: the start's
         phases so far, from the worker function's launch (the start event says where a
-        restart's seconds went)."""
+        restart's seconds went); ``judge``: rank 0's, with ``spec.tune_window`` (tuning
+        while training, ``train_fns.online``)."""
         self.spec, self.rank, self.world, self.device = spec, rank, world, device
         self.report, self.checkpoint_dir, self.keeper = report, checkpoint_dir, keeper
         self.setup = setup or Marks(None)
@@ -94,6 +97,9 @@ class ElasticTrainer:
         self.layer_norms: dict[str, float] = {}
         self.pending: list[dict[str, Any]] = []
         self.fitted: Fitted | None = None
+        self.tuning = None
+        if spec.tune_window:
+            self.tuning = OnlineTuning(judge if rank == 0 else None, rank, world, spec.tune_window)
 
     def run(self) -> None:
         saved = self._saved_state()
@@ -116,7 +122,10 @@ class ElasticTrainer:
         self.setup.mark("restore")
         self.state = {"step": saved.get("step", 0), "samples_seen": saved.get("samples_seen", 0)}
         self.snapshot_every = self._snapshot_every(runner)
-        self.events.append(self._start_event(plan, saved))
+        if self.tuning is not None:  # the split this size's tuning starts from, or decided
+            self.tuning.begin(runner, self.state["step"], self.state["samples_seen"])
+        self.events.append(self._start_event(runner.plan, saved))
+        self._take_tuning_events()
         watchdog = Watchdog(self.rank, plan.step_deadline_s, marker_dir=None).start()
         try:
             for step in range(self.state["step"], self.spec.steps):
@@ -228,9 +237,16 @@ class ElasticTrainer:
             metrics.update(self._phase_metrics(times, comm, compute))
             if self.adaptive is not None:
                 self._adapt(runner, comm, compute, step)
+        if self.tuning is not None:
+            self.tuning.after_step(runner, metrics[m.STEP_TIME_S], profiled, step + 1, seen)
+            self._take_tuning_events()
         metrics[m.EVENTS] = self.events
         self.events = []
         self._report_step(runner, metrics)
+
+    def _take_tuning_events(self) -> None:
+        if self.tuning is not None:
+            self.events.extend(self.tuning.take_events())
 
     def _profiled(self, step: int) -> bool:
         """Whether ``step`` is timed phase by phase: one step in ``reference_every``, the one

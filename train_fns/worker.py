@@ -69,7 +69,8 @@ def rank_place(context: Any) -> dict[str, Any]:
 
 def train_loop_elastic(config: dict[str, Any]) -> None:
     """Ray Train entry point of a training run (one call per worker-group start).
-    ``config["keeper"]``: the driver's snapshot keeper (an actor handle) or None."""
+    ``config["keeper"]``: the driver's snapshot keeper (an actor handle) or None;
+    ``config["judge"]``: the driver's tuning judge (an actor handle) or None."""
     launched_at = time.time()
     import ray.train
     import ray.train.torch
@@ -86,6 +87,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
 
     config = dict(config)
     handle = config.pop("keeper", None)
+    judge = config.pop("judge", None)
     context = ray.train.get_context()
     checkpoint = ray.train.get_checkpoint()
     with contextlib.ExitStack() as stack:
@@ -100,6 +102,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
             checkpoint_dir=None if directory is None else Path(directory),
             keeper=None if handle is None else KeeperHandle(handle),
             setup=setup,
+            judge=None if judge is None else JudgeHandle(judge),
         ).run()
 
 
@@ -133,6 +136,27 @@ class KeeperHandle:
         except ray.exceptions.RayError as e:
             raise KeeperUnreachable(f"the keeper did not answer ({type(e).__name__})") from e
         return found
+
+
+class JudgeHandle:
+    """The driver's tuning judge (``orchestrator.train.tune``) as ``train_fns.online.Judge``,
+    on rank 0: each call waits for its answer (one per window of steps)."""
+
+    TIMEOUT_S = 60.0
+    """A judge that does not answer in this long ends the tuning (``OnlineTuning._ask``)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.actor.begin.remote(world, per_rank, running), timeout=self.TIMEOUT_S)
+
+    def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.actor.window.remote(world, seconds, steps), timeout=self.TIMEOUT_S)
 
 
 def probe_loop_per_worker(config: dict[str, Any]) -> None:

@@ -40,6 +40,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "train.max_grad_norm": (1e-6, 1e6),
     "train.max_accumulation": (1, 4096),
     "train.adaptive_window": (1, 1_000_000),
+    "train.tune_budget": (0.0, 1.0),
+    "train.tune_window": (1, 1_000),
     "train.resize_check_s": (0.1, float(_DAY_S)),
     "train.start_timeout_s": (1.0, float(_DAY_S)),
     "train.first_report_timeout_s": (1.0, 7.0 * _DAY_S),

@@ -196,6 +196,7 @@ class SearchConfig:
 
 
 ON_NO_SPLIT = ("wait", "fail")
+TUNE_MODES = ("off", "online")
 
 
 @dataclass
@@ -227,7 +228,17 @@ class TrainConfig:
     """With ``adaptive``: change the global batch (linear LR scaling, clipping with sqrt)
     instead of re-splitting it."""
     max_accumulation: int = 8
+    """The most micro-batches per step ``adaptive`` or ``tune`` may choose."""
     adaptive_window: int = 10
+    tune: str = "off"
+    """``online``: race accumulation splits against the running one in paired windows of real
+    training steps and keep one only when its interval clears 1 + ``search.verdict_delta``
+    (``orchestrator.train.tune``); each world size without an entry is tuned when the run
+    first trains at it."""
+    tune_budget: float = 0.3
+    """With ``tune``: the share of ``steps`` each world size may spend on candidate splits."""
+    tune_window: int = 3
+    """With ``tune``: steps a paired window holds."""
     resize_check_s: float = 10.0
     """How often Ray's elastic monitor looks for room to grow the worker group."""
     start_timeout_s: float = 30.0
@@ -247,6 +258,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_bounds(self, "train")
         check_choice("train.on_no_split", self.on_no_split, ON_NO_SPLIT)
+        check_choice("train.tune", self.tune, TUNE_MODES)
+        if self.tune != "off" and self.adaptive:
+            raise ConfigError("train.tune", f"{self.tune} and train.adaptive both change the "
+                              "accumulation split while training; keep one: tune measures each "
+                              "change against the running split, adaptive follows the "
+                              "comm/compute ratio without measuring")  # fmt: skip
         if self.snapshot_every and self.snapshot_every >= self.checkpoint_every:
             raise ConfigError(
                 "train.snapshot_every",
@@ -371,6 +388,9 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
         return float(value)
     if hint is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
         return float(value)  # YAML 1.1 reads 1e-4 (no dot, no exponent sign) as a string
+    if hint is str and isinstance(value, bool):
+        raise ConfigError(path, f"expected text, got {value!r}: YAML reads off, on, no and yes "
+                          "as false and true; quote the word ('off')")  # fmt: skip
     if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):
         raise ConfigError(path, f"expected {hint.__name__}, got {value!r}")
     return value

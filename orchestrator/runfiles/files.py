@@ -50,13 +50,18 @@ EVENTS_JSONL = "events.jsonl"
 """A training run's events (starts, resizes, restarts, checkpoints), one JSON per line."""
 LAST_STEP = "last_step"
 """The step a training run reached, written by its rank 0: what the driver's heartbeat shows."""
+TUNED_SIZES_YAML = "tuned_sizes.yaml"
+"""The entry per world size a ``--tune`` training run decided, in best.yaml's ``sizes`` format:
+a ``--resume`` starts those sizes tuned."""
 SEARCH_FILES = (
     TRIALS_CSV, BEST_YAML, STUDY_DB, STUDY_JOURNAL, REMEASURE_CSV, PROBE_CSV, RUN_INFO
 )  # fmt: skip
 TRAIN_FILES = (SUMMARY_JSON, PROGRESS_CSV, GRAD_NORMS_CSV)
 KNOWN_FILES = SEARCH_FILES + TRAIN_FILES
 """The files that make a folder a run folder (the doctor and the report read these)."""
-WRITTEN_FILES = (*KNOWN_FILES, BEST_ENV, REPORT_HTML, TUNER_CONF, EVENTS_JSONL, LAST_STEP)
+WRITTEN_FILES = (
+    *KNOWN_FILES, BEST_ENV, REPORT_HTML, TUNER_CONF, EVENTS_JSONL, LAST_STEP, TUNED_SIZES_YAML
+)
 """Every file commtune writes into a run folder."""
 TRIALS_DIR = "trials"
 """Each search group's TorchTrainer run state (``storage_dir``)."""

@@ -54,6 +54,9 @@ class Summary:
     snapshots: dict[str, Any] | None = None
     """In-memory snapshots taken between checkpoints: ``taken``, ``median_s``, ``total_s``,
     ``held_back`` (not sent: the previous one was still on its way)."""
+    tune: dict[str, Any] | None = None
+    """Tuning while training (``--tune``): per world size the split kept, each decision, and
+    the steps and seconds its candidates that were not kept took (``lost``)."""
     warnings: list[str] | None = None
     error: str | None = None
     """Why the run failed (None when it did not)."""

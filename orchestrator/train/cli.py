@@ -1,7 +1,7 @@
 """``python -m orchestrator.train``: train the configuration a search wrote, elastically.
 
     python -m orchestrator.train --config runs/<study>/best.yaml [--steps N] [--workers MIN:MAX]
-        [--checkpoint-every K] [--out DIR] [--resume] [--adaptive]
+        [--checkpoint-every K] [--out DIR] [--resume] [--adaptive | --tune]
 
 Workers may come and go: a failed worker group restarts from the latest checkpoint (within
 ``--max-failures``), a lost node shrinks the group to what is left (with ``--workers MIN:MAX``)
@@ -35,6 +35,7 @@ from orchestrator.runfiles import (
     read_csv,
     write_summary,
 )
+from orchestrator.train.tune import read_tuned_sizes, summary_lines
 from train_fns.metrics import STATE_FILE
 from train_fns.restart import read_state
 
@@ -53,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, metavar="K", help="train.checkpoint_every")
     p.add_argument("--max-failures", type=int, help="train.max_failures")
     p.add_argument("--adaptive", action="store_true", help="adapt the accumulation split")
+    p.add_argument("--tune", action="store_true", help="tune while training (train.tune=online)")
     p.add_argument("--out", help="run folder (default runs/<name>-train)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT)")
@@ -77,6 +79,8 @@ def configure(args: argparse.Namespace) -> Config:
             sets.append(f"{key}={value}")
     if args.adaptive:
         sets.append("train.adaptive=true")
+    if args.tune:
+        sets.append("train.tune=online")
     if args.workers:
         low, high = workers_range(args.workers)
         sets += [f"train.min_workers={low}", f"train.max_workers={high}"]
@@ -100,6 +104,8 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")
+    if config.train.tune == "online":  # the sizes a run before decided, read before Ray
+        read_tuned_sizes(out, config.workload.global_batch)
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "
@@ -203,6 +209,8 @@ def print_summary(summary: Summary, out: Path) -> None:
     if len(summary.by_size or []) > 1 or any(s.get("entry_size") for s in summary.by_size or []):
         for size in summary.by_size or []:
             print(size_line(size))
+    for line in summary_lines(summary.tune):
+        print(line)
     for warning in summary.warnings or []:
         print(f"warning: {warning}")
     if summary.error:

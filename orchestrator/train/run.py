@@ -30,6 +30,7 @@ from orchestrator.planning.from_config import check_reductions, plan_from_config
 from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
+from orchestrator.train.tune import TuneSettings, read_tuned_sizes, start_judge
 from train_fns.plan import InfeasiblePlan, TrialPlan
 from train_fns.restart import RunSpec
 from train_fns.size_fit import Fitted, plan_of
@@ -68,6 +69,7 @@ def run_spec(config: Config, task: str, use_gpu: bool, out: Path) -> tuple[RunSp
         progress_file=str(progress_file(out)), entries=run_entries(config),
         fit_context=fit_context(config, use_gpu), snapshot_every=snapshot_every(train),
         snapshot_max_mb=train.snapshot_max_mb,
+        tune_window=train.tune_window if train.tune == "online" else 0,
     )  # fmt: skip
     return spec, dict(config.env)
 
@@ -85,9 +87,9 @@ def progress_file(out: Path) -> Path:
 
 
 def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool, out: Path,
-               relay: RunRelay, keeper: Any = None) -> GroupSpec:  # fmt: skip
+               relay: RunRelay, keeper: Any = None, judge: Any = None) -> GroupSpec:  # fmt: skip
     """The elastic worker group: (min, max) workers, restarts from the latest checkpoint or
-    the ``keeper``'s newer snapshot."""
+    the ``keeper``'s newer snapshot; ``judge``: the tuning judge rank 0 asks (``--tune``)."""
     from ray.train import CheckpointConfig
 
     from train_fns.worker import train_loop_elastic
@@ -95,7 +97,7 @@ def group_spec(config: Config, spec: RunSpec, env: dict[str, str], use_gpu: bool
     low, high = worker_counts(config)
     return GroupSpec(
         loop=train_loop_elastic,
-        loop_config={**spec.to_dict(), "keeper": keeper},
+        loop_config={**spec.to_dict(), "keeper": keeper, "judge": judge},
         name=TRAIN_RUN_NAME,
         storage_path=str(out.resolve()),
         num_workers=(low, high) if low != high else high,
@@ -212,6 +214,23 @@ def _check_plan(template: TrialPlan, entry: Fitted, world: int) -> None:
         raise ConfigError(where, f"at {world} workers: {e}") from e
 
 
+def start_judge_for(config: Config, out: Path) -> Any:
+    """The run's tuning judge: its settings from ``config``; the sizes its own entries decide
+    (best.yaml's: a search's tuned top level, its ``sizes``) are not tuned, nor are the ones
+    a run before this ``--resume`` decided (``tuned_sizes.yaml``)."""
+    train, search = config.train, config.search
+    settings = TuneSettings(
+        window_steps=train.tune_window, budget_steps=int(train.tune_budget * train.steps),
+        delta=search.verdict_delta, max_pairs=search.verdict_pairs,
+        max_accumulation=train.max_accumulation,
+    )  # fmt: skip
+    fixed = {int(size) for size in config.sizes}
+    if config.tuned:
+        fixed.add(config.cluster.num_workers)
+    prior = read_tuned_sizes(out, config.workload.global_batch)
+    return start_judge(settings, fixed, prior, out)
+
+
 def start_ray_for(config: Config, verbose: bool) -> None:
     """Join ``config``'s cluster, or start the local Ray a run of it needs: sized for its
     largest group (``train.max_workers`` of a worker range)."""
@@ -240,8 +259,9 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
                      alive_nodes=alive_nodes, snapshot_max_mb=train.snapshot_max_mb)  # fmt: skip
         started = time.monotonic()
         keeper = start_keeper() if spec.snapshot_every else None
+        judge = start_judge_for(config, out) if spec.tune_window else None
         trainer = torch_trainer(
-            group_spec(config, spec, env, use_gpu, out, RunRelay(reports), keeper)
+            group_spec(config, spec, env, use_gpu, out, RunRelay(reports), keeper, judge)
         )
         # owned: a stall ends the group; the variables are read by Ray Train where fit() runs
         ray_env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(config.train.start_timeout_s),
@@ -251,7 +271,8 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         error = drain(fit, reports, log, config.search.heartbeat_s, high, watch)
         if error is None and fit.error is not None:
             error = f"{type(fit.error).__name__}: {fit.error}"[-2000:]
-        summary = log.summary(time.monotonic() - started, error)
+        tune = None if judge is None else ray.get(judge.summary.remote(), timeout=60)
+        summary = log.summary(time.monotonic() - started, error, tune)
         log.close()
         return summary, log
     finally:

@@ -8,6 +8,7 @@ lines a user reads, ``progress.csv``, ``grad_norms.csv``, ``events.jsonl`` and `
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -28,6 +29,7 @@ from orchestrator.runfiles import (
     write_summary,
 )
 from orchestrator.train.progress import StepProgress
+from orchestrator.train.tune import tune_line
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 
@@ -241,6 +243,8 @@ class RunLog:
                   f"global batch {event['to'][2]}, lr {event['lr']:.3g}", flush=True)  # fmt: skip
         elif kind == "no_split":
             print(f"waiting: {event['message']}", flush=True)
+        elif kind.startswith("tune_"):
+            print(tune_line(event), flush=True)
 
     def _on_start(self, event: dict[str, Any], report: dict[str, Any]) -> None:
         self.attempt += 1
@@ -317,10 +321,12 @@ class RunLog:
         self._events.write(json.dumps(event, default=str) + "\n")
         self._events.flush()
 
-    def summary(self, wall_s: float, error: str | None) -> dict[str, Any]:
+    def summary(self, wall_s: float, error: str | None,
+                tune: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
         """The run's summary, written whole to summary.json (``runfiles.Summary``); returned as
-        the mapping written (``Summary.from_mapping`` reads it back typed)."""
-        totals = self.totals(wall_s, error)
+        the mapping written (``Summary.from_mapping`` reads it back typed). ``tune``: the
+        tuning judge's account (``orchestrator.train.tune``), where the run tuned."""
+        totals = dataclasses.replace(self.totals(wall_s, error), tune=tune)
         write_summary(self.out, totals)
         return totals.as_mapping()
 

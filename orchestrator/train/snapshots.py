@@ -33,8 +33,14 @@ class SnapshotKeeper:
 
 def start_keeper() -> Any:
     """A keeper on this (the driver's) node, taking no CPU from the workers."""
+    return driver_actor(SnapshotKeeper)
+
+
+def driver_actor(cls: type, *args: Any) -> Any:
+    """An actor of ``cls(*args)`` on this (the driver's) node, taking no CPU from the workers:
+    what it holds lives as long as the driver, whichever worker node is lost."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(SnapshotKeeper).options(num_cpus=0, scheduling_strategy=here).remote()
+    return ray.remote(cls).options(num_cpus=0, scheduling_strategy=here).remote(*args)

@@ -1,0 +1,383 @@
+"""Tune while training (``orchestrator.train --tune``): the judge that races accumulation splits
+against the running one in paired windows of real training steps.
+
+Every window is training: the run's one model advances with the same samples in the same order
+whatever split runs it (a re-split keeps the global batch, ``train_fns.online``), so a window
+spent on a candidate costs only the difference in speed, not the step. The judge lives on the
+driver (an actor, ``start_judge``), one per run, and keeps each world size's state across the
+worker group's restarts; rank 0 asks it after every window what the next one runs.
+
+Per world size that has no decided entry it goes through:
+
+1. ``WARMUP_WINDOWS`` windows of the running split, not measured (a start's first steps
+   allocate and, under DDP, rebuild buckets);
+2. ``FLOOR_WINDOWS`` of it measured, whose spread is the noise floor of the pairs to come
+   (``verdict.paired.noise_floor``: the race's own floor, where the search measured it);
+3. each candidate in turn against the running split, windows paired B c, c B, ... and judged
+   after every pair by the verdict's one rule (``verdict.decide``) against δ: kept (it becomes
+   the running split), or dropped (no gain, slower, or undecided at ``max_pairs`` pairs);
+4. done: the size's kept split is its entry (``entries``), and no window is asked for again.
+
+Candidates are the accumulation values the space offers (divisors of the per-rank batch) with
+more micro-batches than the running split's, up to ``train.max_accumulation``: a micro-batch
+larger than the one the run started with is never tried, as it might not fit in memory. Only
+what a live process can switch is tuned: NCCL variables are read once per process, so they are
+not (a restart the run has anyway could try them; it does not yet).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.config.schema import ConfigError
+from orchestrator.runfiles import TUNED_SIZES_YAML, read_mapping, write_atomic
+from orchestrator.runfiles.remeasure import BASELINE, FINALIST
+from orchestrator.train.snapshots import driver_actor
+from orchestrator.verdict.decide import KEEP, UNDECIDED, decide
+from orchestrator.verdict.paired import MIN_PAIRS, PairedRatio, noise_floor, pair_order
+
+WARMUP_WINDOWS = 2
+"""Windows after each start of the group that are not measured."""
+FLOOR_WINDOWS = 4
+"""Windows of the running split measured for the noise floor: they train as any other, so
+more would cost nothing but time before the first candidate."""
+BUDGET_SPENT = "budget spent"
+"""A size's outcome when ``train.tune_budget`` ran out before every candidate was judged."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What the judge is told by the run's config."""
+
+    window_steps: int
+    """Steps a window holds (``train.tune_window``)."""
+    budget_steps: int
+    """Steps each size may spend on candidates (``train.tune_budget`` x ``train.steps``)."""
+    delta: float
+    """The threshold a kept candidate's interval must clear (``search.verdict_delta``)."""
+    max_pairs: int
+    """Pairs a candidate gets before it is dropped undecided (``search.verdict_pairs``)."""
+    max_accumulation: int
+    """The most micro-batches per step a candidate may have (``train.max_accumulation``)."""
+
+
+@dataclass
+class Spent:
+    """Candidate windows' steps and seconds, and the seconds over what the running split would
+    have taken for those steps (from the paired baseline window's speed)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    extra_s: float = 0.0
+
+    def add(self, other: Spent) -> None:
+        self.steps += other.steps
+        self.seconds += other.seconds
+        self.extra_s += other.extra_s
+
+    def figures(self) -> dict[str, float]:
+        return {"steps": self.steps, "seconds": round(self.seconds, 3),
+                "extra_s": round(self.extra_s, 3)}  # fmt: skip
+
+
+@dataclass
+class Size:
+    """One world size's tuning: where it stands, what it measured, what it kept."""
+
+    world: int
+    running: int
+    """The accumulation the run trains with now at this size."""
+    candidates: list[int]
+    warmup: int = WARMUP_WINDOWS
+    floor_speeds: list[float] = field(default_factory=list)
+    floor: float | None = None
+    candidate: int | None = None
+    ratios: list[float] = field(default_factory=list)
+    baselines: list[float] = field(default_factory=list)
+    pair: dict[str, float] = field(default_factory=dict)
+    """The pair being measured: each role's speed (steps/s), and the candidate's seconds."""
+    now: str = BASELINE
+    """The role of the window running now (``BASELINE``: the running split)."""
+    spent: Spent = field(default_factory=Spent)
+    """Every candidate's windows at this size (the budget counts them)."""
+    trying: Spent = field(default_factory=Spent)
+    """The candidate now raced."""
+    lost: Spent = field(default_factory=Spent)
+    """The candidates that were not kept: the cost of tuning."""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    outcome: str | None = None
+    """None while tuning; then why it ended (every candidate judged, or the budget spent)."""
+
+    def accumulation(self) -> int:
+        """What the window running now trains with."""
+        return self.candidate if self.now == FINALIST and self.candidate else self.running
+
+    def entry(self) -> dict[str, Any]:
+        """This size's decided split in best.yaml's ``sizes`` format."""
+        kept = [d for d in self.decisions if d["outcome"] == KEEP]
+        verdict = f"online: no candidate beat accumulation {self.running}"
+        if kept:
+            verdict = f"online: accumulation {self.running} kept at {kept[-1]['ratio']:.2f}x"
+        return {"tuned": {"accumulation_steps": self.running}, "env": {}, "verdict": verdict}
+
+
+def candidates_of(per_rank: int, running: int, max_accumulation: int) -> list[int]:
+    """Accumulation values a size may try, nearest first: divisors of the per-rank batch with
+    more micro-batches than ``running`` (so a smaller micro-batch), at most
+    ``max_accumulation``."""
+    return [a for a in range(running + 1, min(per_rank, max_accumulation) + 1) if per_rank % a == 0]
+
+
+class Judge:
+    """Decides what each window trains with, from the windows before it (see the module)."""
+
+    def __init__(self, settings: TuneSettings, fixed: set[int],
+                 prior: dict[int, dict[str, Any]], out: Path | None) -> None:  # fmt: skip
+        """``fixed``: sizes the config's own entries decide (best.yaml's), never tuned;
+        ``prior``: the entries a run before this ``--resume`` decided (``read_tuned_sizes``);
+        ``out``: the run folder each decided size's entry is written to (None: nowhere)."""
+        self.settings, self.fixed, self.out = settings, set(fixed), out
+        self.prior = dict(prior)
+        self.decided = {w: int(e["tuned"]["accumulation_steps"]) for w, e in prior.items()}
+        self.sizes: dict[int, Size] = {}
+
+    def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]:
+        """A start of the group at ``world`` ranks, each with ``per_rank`` samples a step split
+        ``running`` ways: what its first window trains with. An undecided size starts its
+        tuning over, keeping what it kept and spent before (the pairs of a group that ended are
+        not paired with the new one's)."""
+        if world in self.fixed or world in self.decided:
+            kept = self.decided.get(world, running)
+            why = f"{TUNED_SIZES_YAML}'s entry" if world in self.decided else "the config's entry"
+            event = {"kind": "tune_skip", "world": world, "running": kept, "why": why}
+            return _answer(kept, done=True, events=[event])
+        before = self.sizes.get(world)
+        if before is not None:
+            running = before.running
+            before.lost.add(before.trying)  # the candidate raced when the group ended
+        todo = candidates_of(per_rank, running, self.settings.max_accumulation)
+        if before is not None:
+            judged = {d["candidate"] for d in before.decisions}
+            todo = [a for a in todo if a not in judged]
+        size = Size(world, running, todo)
+        if before is not None:
+            size.spent, size.lost, size.decisions = before.spent, before.lost, before.decisions
+        self.sizes[world] = size
+        event = {"kind": "tune_start", "world": world, "running": running, "candidates": todo}
+        return _answer(running, events=[event])
+
+    def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
+        """The window just ended at ``world`` ranks took ``seconds`` for ``steps`` steps:
+        what the next one trains with (``done``: no more windows are asked for)."""
+        size = self.sizes.get(world)
+        if size is None or size.outcome is not None:
+            return _answer(self.decided.get(world, size.running if size else 0), done=True)
+        events = self._record(size, steps / seconds if seconds > 0 else 0.0, steps, seconds)
+        if size.outcome is None:
+            self._schedule(size)
+        if size.outcome is not None:
+            events.append(self._finish(size))
+        return _answer(size.accumulation(), done=size.outcome is not None, events=events)
+
+    def _record(self, size: Size, speed: float, steps: int, seconds: float) -> list[dict]:
+        """Take one window: a warm-up's is dropped, a floor window kept, a pair's half filed."""
+        if size.warmup:
+            size.warmup -= 1
+            return []
+        if size.floor is None:
+            size.floor_speeds.append(speed)
+            if len(size.floor_speeds) == FLOOR_WINDOWS:
+                size.floor = _floor(size.floor_speeds)
+            return []
+        if size.now == FINALIST:
+            size.trying.steps += steps
+            size.trying.seconds += seconds
+            size.pair["steps"], size.pair["seconds"] = steps, seconds
+        size.pair[size.now] = speed
+        if BASELINE in size.pair and FINALIST in size.pair:
+            return self._judge_pair(size)
+        return []
+
+    def _judge_pair(self, size: Size) -> list[dict[str, Any]]:
+        """A finished pair: its ratio, the interval so far, and the decision once there is
+        one (from ``MIN_PAIRS`` pairs; undecided at ``max_pairs`` drops the candidate)."""
+        pair, size.pair = size.pair, {}
+        size.ratios.append(pair[FINALIST] / pair[BASELINE])
+        size.baselines.append(pair[BASELINE])
+        size.trying.extra_s += pair["seconds"] - pair["steps"] / pair[BASELINE]
+        paired = PairedRatio(tuple(size.ratios), size.floor or 0.0, tuple(size.baselines),
+                             statistics.fmean(size.floor_speeds))  # fmt: skip
+        outcome = UNDECIDED
+        if len(size.ratios) >= MIN_PAIRS:
+            outcome = decide(paired.low, paired.high, self.settings.delta, paired.bound)
+        events = [{"kind": "tune_pair", "world": size.world, "running": size.running,
+                   "candidate": size.candidate, "pair": len(size.ratios),
+                   "ratio": size.ratios[-1], "low": paired.low, "high": paired.high}]  # fmt: skip
+        if outcome != UNDECIDED or len(size.ratios) >= self.settings.max_pairs:
+            events.append(self._decide(size, outcome, paired))
+        return events
+
+    def _decide(self, size: Size, outcome: str, paired: PairedRatio) -> dict[str, Any]:
+        """Keep the candidate (it becomes the running split) or drop it (its windows are the
+        cost of tuning); the next window starts the next candidate."""
+        decision = {"kind": "tune_decision", "world": size.world, "running": size.running,
+                    "candidate": size.candidate, "outcome": outcome, "ratio": paired.ratio,
+                    "low": paired.low, "high": paired.high, "pairs": paired.pairs,
+                    **size.trying.figures()}  # fmt: skip
+        if outcome == KEEP:
+            size.running = size.candidate or size.running
+        else:
+            size.lost.add(size.trying)
+        size.spent.add(size.trying)
+        size.decisions.append(decision)
+        size.candidate, size.ratios, size.baselines, size.trying = None, [], [], Spent()
+        return decision
+
+    def _schedule(self, size: Size) -> None:
+        """The role of the next window: the running split until the floor is measured, then
+        the pairs of each candidate in turn (B c, then c B); the end once every candidate is
+        judged or a candidate's next window would overrun the budget."""
+        if size.warmup or size.floor is None:
+            size.now = BASELINE
+            return
+        if size.candidate is None:
+            if not size.candidates:
+                size.outcome = "every candidate judged"
+                return
+            size.candidate = size.candidates.pop(0)
+        first, second = pair_order(len(size.ratios))
+        size.now = second if first in size.pair else first
+        over = size.spent.steps + size.trying.steps + self.settings.window_steps
+        if size.now == FINALIST and over > self.settings.budget_steps:
+            size.lost.add(size.trying)
+            size.candidate, size.now, size.outcome = None, BASELINE, BUDGET_SPENT
+
+    def _finish(self, size: Size) -> dict[str, Any]:
+        """The size is decided: its entry is written, the run trains on with its split."""
+        self.decided[size.world] = size.running
+        self._write()
+        return {"kind": "tune_done", "world": size.world, "running": size.running,
+                "outcome": size.outcome, "lost": size.lost.figures()}  # fmt: skip
+
+    def entries(self) -> dict[int, dict[str, Any]]:
+        """Every size decided online (by this run, or the one it resumes), in best.yaml's
+        ``sizes`` format."""
+        done = {w: s.entry() for w, s in self.sizes.items() if s.outcome is not None}
+        return dict(sorted({**self.prior, **done}.items()))
+
+    def _write(self) -> None:
+        if self.out is not None:
+            write_tuned_sizes(self.out, self.entries())
+
+    def summary(self) -> dict[str, Any]:
+        """What tuning did, per size and in all: summary.json's ``tune``."""
+        sizes = {str(w): {"running": s.running, "outcome": s.outcome or "tuning",
+                          "decisions": s.decisions, "lost": s.lost.figures(),
+                          "spent": s.spent.figures()}
+                 for w, s in sorted(self.sizes.items())}  # fmt: skip
+        lost = Spent()
+        for size in self.sizes.values():
+            lost.add(size.lost)
+        return {"sizes": sizes, "lost": lost.figures()}
+
+
+def _floor(speeds: list[float]) -> float:
+    """The noise floor of a pair's log ratio from the running split's windows (their cv, as
+    the search's trials give it to the race)."""
+    cv = statistics.pstdev(speeds) / statistics.fmean(speeds)
+    return noise_floor([cv], len(speeds))
+
+
+def _answer(accumulation: int, done: bool = False, events: list | None = None) -> dict[str, Any]:
+    return {"accumulation_steps": accumulation, "done": done, "events": events or []}
+
+
+def write_tuned_sizes(out: Path, entries: dict[int, dict[str, Any]]) -> None:
+    """The run folder's ``tuned_sizes.yaml``: ``sizes:`` and an entry per decided size."""
+    text = yaml.safe_dump({"sizes": entries}, sort_keys=True)
+    write_atomic(out / TUNED_SIZES_YAML, text)
+
+
+def read_tuned_sizes(out: Path, global_batch: int) -> dict[int, dict[str, Any]]:
+    """The entries a run before this ``--resume`` decided, per world size; none where it wrote
+    no file. A file that does not hold what ``write_tuned_sizes`` writes is a ConfigError
+    naming the entry (a hand edit, or another run's file)."""
+    path = out / TUNED_SIZES_YAML
+    if not path.exists():
+        return {}
+    try:
+        sizes = read_mapping(path).get("sizes") or {}
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(path), f"unreadable ({e}); remove it to tune again") from e
+    if not isinstance(sizes, dict):
+        raise ConfigError(f"{path}: sizes", "expected a mapping of world size to entry; remove "
+                          "the file to tune again")  # fmt: skip
+    return {_size_of(path, key, entry, global_batch): entry for key, entry in sizes.items()}
+
+
+def _size_of(path: Path, key: Any, entry: Any, global_batch: int) -> int:
+    """An entry's world size, once the entry is one ``Size.entry`` writes for it."""
+    tuned = entry.get("tuned") if isinstance(entry, dict) else None
+    value = tuned.get("accumulation_steps") if isinstance(tuned, dict) else None
+    size = key if isinstance(key, int) and not isinstance(key, bool) else 0
+    if not (size >= 1 and global_batch % size == 0 and isinstance(value, int)
+            and not isinstance(value, bool) and value >= 1
+            and (global_batch // size) % value == 0):  # fmt: skip
+        raise ConfigError(f"{path}: sizes.{key}", f"{entry!r} is not a world size with an "
+                          "accumulation that splits workload.global_batch; remove the entry "
+                          "to tune that size again")  # fmt: skip
+    return size
+
+
+def start_judge(settings: TuneSettings, fixed: set[int], prior: dict[int, dict[str, Any]],
+                out: Path) -> Any:  # fmt: skip
+    """The run's judge, an actor on the driver's node (as the snapshot keeper: a lost worker
+    node does not take it along), writing ``tuned_sizes.yaml`` into ``out``."""
+    return driver_actor(Judge, settings, fixed, prior, out.resolve())
+
+
+def tune_line(event: dict[str, Any]) -> str:
+    """The line a tuning event prints (each pair, each decision, each size's end)."""
+    kind, world = event["kind"], event.get("world")
+    head = f"tune: step {event.get('step')}, {world} worker(s)"
+    if kind == "tune_start":
+        todo = ", ".join(map(str, event["candidates"])) or "none"
+        return f"{head}: accumulation {event['running']} runs; candidates: accumulation {todo}"
+    if kind == "tune_skip":
+        return f"{head}: accumulation {event['running']} decided by {event['why']}: not tuned"
+    if kind == "tune_pair":
+        line = (f"{head}: accumulation {event['candidate']} against {event['running']}, pair "
+                f"{event['pair']}: {event['ratio']:.3f}x")  # fmt: skip
+        if not math.isfinite(event["high"]):
+            return line
+        return f"{line} (interval so far {event['low']:.3f}-{event['high']:.3f})"
+    if kind == "tune_decision":
+        return (f"{head}: {event['outcome']}: accumulation {event['candidate']} is "
+                f"{event['ratio']:.3f}x accumulation {event['running']} (interval "
+                f"{event['low']:.3f}-{event['high']:.3f} from {event['pairs']} pairs; "
+                f"{event['steps']} steps, {event['seconds']:.1f}s)")  # fmt: skip
+    if kind == "tune_done":
+        lost = event["lost"]
+        return (f"{head}: decided: accumulation {event['running']} ({event['outcome']}); "
+                f"candidates not kept took {lost['steps']} steps, {lost['seconds']:.1f}s "
+                f"({lost['extra_s']:+.1f}s against the running split)")  # fmt: skip
+    return f"{head}: tuning off: {event.get('why')}"
+
+
+def summary_lines(tune: dict[str, Any] | None) -> list[str]:
+    """The closing lines of a run that tuned (summary.json's ``tune``): each size's split and
+    what its candidates that were not kept cost."""
+    lines = []
+    for world, size in ((tune or {}).get("sizes") or {}).items():
+        lost, judged = size["lost"], len(size["decisions"])
+        lines.append(f"tune: {world} worker(s): accumulation {size['running']} "
+                     f"({size['outcome']}, {judged} candidate(s) judged); those not kept took "
+                     f"{lost['steps']} steps, {lost['seconds']:.1f}s ({lost['extra_s']:+.1f}s "
+                     f"against the running split)")  # fmt: skip
+    return lines

@@ -1,0 +1,186 @@
+"""The tuning judge of ``orchestrator.train --tune`` (pure logic, no Ray): which split each
+window trains with, what it keeps, what tuning cost, and what a ``--resume`` reads back."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.schema import ConfigError
+from orchestrator.runfiles import TUNED_SIZES_YAML
+from orchestrator.train.tune import (
+    BUDGET_SPENT,
+    FLOOR_WINDOWS,
+    WARMUP_WINDOWS,
+    Judge,
+    TuneSettings,
+    candidates_of,
+    read_tuned_sizes,
+    summary_lines,
+    tune_line,
+)
+
+SETTINGS = TuneSettings(window_steps=3, budget_steps=300, delta=0.02, max_pairs=8,
+                        max_accumulation=8)  # fmt: skip
+
+
+def drive(judge: Judge, speed: dict[int, float], noise: float, seed: int, world: int = 2,
+          windows: int = 200) -> list[tuple[int, dict]]:  # fmt: skip
+    """Feed the judge windows whose steps/s are ``speed[accumulation]`` times lognormal noise,
+    until it is done; returns (accumulation run, answer after it) per window."""
+    rng = random.Random(seed)
+    answer = judge.begin(world, per_rank=16, running=1)
+    seen = []
+    for _ in range(windows):
+        if answer["done"]:
+            break
+        accumulation = answer["accumulation_steps"]
+        seconds = 3 / (speed[accumulation] * rng.lognormvariate(0, noise))
+        answer = judge.window(world, seconds, 3)
+        seen.append((accumulation, answer))
+    return seen
+
+
+def events(seen: list[tuple[int, dict]], kind: str) -> list[dict]:
+    return [e for _, answer in seen for e in answer["events"] if e["kind"] == kind]
+
+
+def test_candidates_are_smaller_micro_batches_that_split_the_batch() -> None:
+    assert candidates_of(16, 1, 8) == [2, 4, 8]
+    assert candidates_of(16, 4, 16) == [8, 16]
+    assert candidates_of(12, 1, 8) == [2, 3, 4, 6]
+    assert candidates_of(16, 8, 8) == []
+
+
+def test_a_faster_split_is_kept_and_written(tmp_path: Path) -> None:
+    judge = Judge(SETTINGS, set(), {}, tmp_path)
+    seen = drive(judge, {1: 10.0, 2: 10.5, 4: 12.0, 8: 9.0}, noise=0.01, seed=1)
+    assert seen[-1][1]["done"] and seen[-1][1]["accumulation_steps"] == 4
+    first = WARMUP_WINDOWS + FLOOR_WINDOWS
+    assert {a for a, _ in seen[:first]} == {1}  # warm-up and floor on the running split
+    decisions = {e["candidate"]: e["outcome"] for e in events(seen, "tune_decision")}
+    assert decisions[4] == "keep" and decisions[8] in ("slower", "no gain")
+    assert read_tuned_sizes(tmp_path, 32)[2]["tuned"] == {"accumulation_steps": 4}
+    summary = judge.summary()
+    assert summary["sizes"]["2"]["running"] == 4
+    assert summary["lost"]["steps"] > 0 and summary["lost"]["extra_s"] > 0  # 8 was slower
+    assert "accumulation 4" in summary_lines(summary)[0]
+
+
+def test_equal_splits_are_never_kept() -> None:
+    """The A/A case in simulation: candidates exactly as fast, windows scattering 3%."""
+    keeps = 0
+    for seed in range(20):
+        judge = Judge(SETTINGS, set(), {}, None)
+        seen = drive(judge, dict.fromkeys((1, 2, 4, 8), 10.0), noise=0.03, seed=seed)
+        keeps += sum(e["outcome"] == "keep" for e in events(seen, "tune_decision"))
+    assert keeps <= 1
+
+
+def test_a_slower_split_leaves_after_the_least_pairs() -> None:
+    judge = Judge(SETTINGS, set(), {}, None)
+    seen = drive(judge, {1: 10.0, 2: 7.0, 4: 7.0, 8: 7.0}, noise=0.01, seed=2)
+    decisions = events(seen, "tune_decision")
+    assert [d["outcome"] for d in decisions] == ["slower"] * 3
+    assert all(d["pairs"] == 3 and d["steps"] == 9 for d in decisions)
+    assert seen[-1][1]["accumulation_steps"] == 1
+
+
+def test_the_budget_ends_tuning_and_counts_the_candidate_cut_short() -> None:
+    settings = TuneSettings(window_steps=3, budget_steps=12, delta=0.02, max_pairs=8,
+                            max_accumulation=8)  # fmt: skip
+    judge = Judge(settings, set(), {}, None)
+    seen = drive(judge, dict.fromkeys((1, 2, 4, 8), 10.0), noise=0.03, seed=3)
+    done = events(seen, "tune_done")[0]
+    assert done["outcome"] == BUDGET_SPENT and done["running"] == 1
+    assert judge.summary()["sizes"]["2"]["spent"]["steps"] + done["lost"]["steps"] <= 2 * 12
+    assert sum(a != 1 for a, _ in seen) * 3 <= 12
+
+
+def test_a_restart_drops_the_pairs_in_flight_and_keeps_what_was_judged() -> None:
+    judge = Judge(SETTINGS, set(), {}, None)
+    speed = {1: 10.0, 2: 7.0, 4: 12.0, 8: 7.0}
+    rng = random.Random(4)
+    answer = judge.begin(2, 16, 1)
+    while not any(e["kind"] == "tune_decision" for e in answer["events"]):
+        a = answer["accumulation_steps"]
+        answer = judge.window(2, 3 / (speed[a] * rng.lognormvariate(0, 0.01)), 3)
+    again = judge.begin(2, 16, 1)  # the group restarted mid-tuning
+    assert again["accumulation_steps"] == 1 and not again["done"]
+    assert again["events"][0]["candidates"] == [4, 8]  # 2 was judged already
+    assert judge.window(2, 0.3, 3)["accumulation_steps"] == 1  # warm-up again
+
+
+def test_decided_and_fixed_sizes_are_not_tuned(tmp_path: Path) -> None:
+    prior = {1: {"tuned": {"accumulation_steps": 4}, "env": {}, "verdict": "online: ..."}}
+    judge = Judge(SETTINGS, {4}, prior, tmp_path)
+    skipped = judge.begin(1, 32, 2)
+    assert skipped["accumulation_steps"] == 4 and skipped["done"]
+    assert tune_line({**skipped["events"][0], "step": 0}).endswith(
+        "accumulation 4 decided by tuned_sizes.yaml's entry: not tuned"
+    )
+    fixed = judge.begin(4, 8, 2)
+    assert fixed["done"] and fixed["accumulation_steps"] == 2
+    assert "decided by the config's entry" in tune_line({**fixed["events"][0], "step": 0})
+    drive(judge, {1: 10.0, 2: 12.0, 4: 8.0, 8: 8.0}, noise=0.01, seed=5)
+    written = read_tuned_sizes(tmp_path, 32)
+    assert written[1] == prior[1] and written[2]["tuned"]["accumulation_steps"] == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["sizes: {3: {tuned: {accumulation_steps: 2}}}",  # 3 workers cannot carry 32
+     "sizes: {2: {tuned: {accumulation_steps: 3}}}",  # 16 a rank does not split 3 ways
+     "sizes: {2: {tuned: {accumulation_steps: true}}}",
+     "sizes: {2: oops}", "sizes: [1, 2]", "- not a mapping"],
+)  # fmt: skip
+def test_a_broken_tuned_sizes_file_is_named(tmp_path: Path, text: str) -> None:
+    (tmp_path / TUNED_SIZES_YAML).write_text(text)
+    with pytest.raises(ConfigError, match="tuned_sizes.yaml") as e:
+        read_tuned_sizes(tmp_path, 32)
+    assert "remove" in str(e.value)
+
+
+def test_every_event_has_a_line() -> None:
+    judge = Judge(SETTINGS, set(), {}, None)
+    seen = drive(judge, {1: 10.0, 2: 12.0, 4: 8.0, 8: 8.0}, noise=0.01, seed=6)
+    kinds = set()
+    for _, answer in seen:
+        for event in answer["events"]:
+            kinds.add(event["kind"])
+            assert tune_line({**event, "step": 9}).startswith("tune: step 9, 2 worker(s): ")
+    assert kinds == {"tune_pair", "tune_decision", "tune_done"}
+    first = next(e for _, a in seen for e in a["events"] if e["kind"] == "tune_pair")
+    assert "interval" not in tune_line({**first, "step": 1})  # one pair has none
+    off = tune_line({"kind": "tune_off", "world": 2, "step": 4, "why": "GetTimeoutError: x"})
+    assert off == "tune: step 4, 2 worker(s): tuning off: GetTimeoutError: x"
+
+
+def test_tune_and_adaptive_are_one_or_the_other() -> None:
+    from orchestrator import load_config
+
+    with pytest.raises(ConfigError, match=r"train.tune: online and train.adaptive both") as e:
+        load_config(None, "smoke", ["train.tune=online", "train.adaptive=true"])
+    assert "keep one" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("off", "YAML reads off, on, no and yes as false and true; quote the word"),
+     ("onlin", "got 'onlin'; use one of: off, online")],
+)  # fmt: skip
+def test_a_mistyped_tune_mode_is_named(value: str, message: str) -> None:
+    from orchestrator import load_config
+
+    with pytest.raises(ConfigError, match="train.tune") as e:
+        load_config(None, "smoke", [f"train.tune={value}"])
+    assert message in str(e.value)
+
+
+def test_the_flag_sets_online_tuning() -> None:
+    from orchestrator.train.cli import check
+
+    assert check(["--preset", "smoke", "--tune"]).train.tune == "online"
+    assert check(["--preset", "smoke", "--set", "train.tune='off'"]).train.tune == "off"

@@ -1,0 +1,115 @@
+"""The worker's half of tuning while training (``orchestrator.train --tune``): windows of real
+training steps, timed, and the split each window trains with, as the driver's judge
+(``orchestrator.train.tune``) decides.
+
+A window is ``window_steps`` steps that were not profiled (a profiled step waits for the device
+at each phase and runs an extra reference micro-step: counted, it would slow whichever window
+it falls in). Its time is the slowest rank's, the device waited for at its end (on CUDA a step's
+wall-clock is the host's; the queue is drained once a window, not every step). Rank 0 hands the
+window to the judge and every rank takes its answer over the side group, so each rank switches
+at the same step. A switch re-splits the per-rank batch (``resplit``): the same samples in the
+same order, the global batch kept, so the run's loss is the untuned run's up to the order of
+summation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Protocol
+
+import torch
+
+from train_fns.loop import StepRunner
+from train_fns.plan import TrialPlan
+from train_fns.ranks import reduce_over_ranks, reduce_tensor
+
+
+class Judge(Protocol):
+    """What rank 0 asks (``orchestrator.train.tune.Judge``, through an actor in a real run)."""
+
+    def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]: ...
+
+    def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]: ...
+
+
+def resplit(plan: TrialPlan, accumulation: int, step: int, samples_seen: int) -> TrialPlan:
+    """``plan`` with the per-rank batch split ``accumulation`` ways from ``step`` on, which
+    starts at global sample ``samples_seen`` (the data position stays exact)."""
+    per_rank = plan.global_batch // plan.world_size
+    return dataclasses.replace(
+        plan, accumulation_steps=accumulation, micro_batch=per_rank // accumulation,
+        first_step=step, first_sample=samples_seen,
+    )  # fmt: skip
+
+
+class OnlineTuning:
+    """Times windows and switches the runner's split between them (see the module)."""
+
+    def __init__(self, judge: Judge | None, rank: int, world: int, window_steps: int) -> None:
+        """``judge``: rank 0's (other ranks pass None and take rank 0's answers)."""
+        self.judge, self.rank, self.world, self.window_steps = judge, rank, world, window_steps
+        self.done, self.steps, self.seconds = False, 0, 0.0
+        self.events: list[dict[str, Any]] = []
+
+    def begin(self, runner: StepRunner, step: int, samples_seen: int) -> None:
+        """The group's start: the split its first window trains with."""
+        plan = runner.plan
+        per_rank = plan.global_batch // plan.world_size
+        answer = self._ask(
+            plan.accumulation_steps, step, "begin", self.world, per_rank, plan.accumulation_steps
+        )
+        self._apply(runner, answer, step, samples_seen)
+
+    def after_step(self, runner: StepRunner, step_s: float, profiled: bool, step: int,
+                   samples_seen: int) -> None:  # fmt: skip
+        """Count a finished step (``step`` is the next one's number); at a window's end, ask
+        what the next window trains with and switch to it. Every rank calls it alike."""
+        if self.done or profiled:
+            return
+        self.steps, self.seconds = self.steps + 1, self.seconds + step_s
+        if self.steps < self.window_steps:
+            return
+        seconds = self.seconds + _drain(runner.device)
+        seconds = reduce_over_ranks([seconds], "max")[0]
+        answer = self._ask(
+            runner.plan.accumulation_steps, step, "window", self.world, seconds, self.steps
+        )
+        self.steps, self.seconds = 0, 0.0
+        self._apply(runner, answer, step, samples_seen)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """What the judge said since the last call (rank 0's; others have none)."""
+        events, self.events = self.events, []
+        return events
+
+    def _ask(self, running: int, step: int, call: str, *args: Any) -> tuple[int, bool]:
+        """Rank 0 asks the judge; every rank gets its (accumulation, done). A judge that fails
+        to answer ends the tuning, not the run: training goes on with ``running``."""
+        mine = torch.zeros(2, dtype=torch.float64)
+        if self.judge is not None:
+            try:
+                answer = getattr(self.judge, call)(*args)
+                mine[:] = torch.tensor([answer["accumulation_steps"], answer["done"]])
+                self.events.extend({**event, "step": step} for event in answer["events"])
+            except Exception as e:  # noqa: BLE001 - rank 0 must reach the collective below
+                mine[:] = torch.tensor([running, 1])
+                self.events.append({"kind": "tune_off", "world": self.world, "step": step,
+                                    "why": f"{type(e).__name__}: {e}"[:300]})  # fmt: skip
+        accumulation, done = reduce_tensor(mine, "sum").tolist()
+        return int(accumulation), bool(done)
+
+    def _apply(self, runner: StepRunner, answer: tuple[int, bool], step: int,
+               samples_seen: int) -> None:  # fmt: skip
+        accumulation, self.done = answer
+        if accumulation >= 1 and accumulation != runner.plan.accumulation_steps:
+            runner.plan = resplit(runner.plan, accumulation, step, samples_seen)
+
+
+def _drain(device: torch.device) -> float:
+    """Seconds spent waiting for the device's queue (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0.0
+    started = time.perf_counter()
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - started
