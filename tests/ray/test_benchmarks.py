@@ -42,6 +42,10 @@ SEARCHES = {
                   r" of 12-step training runs\n"
                   r"delivered over the wall-clock: [0-9.]+x from 1 pair"
                   r"[\s\S]*the verdict's ratio [0-9.]+ for trial \d+ is not checked: one pair"),
+    "tune_online": (r"round 1, \(a\) untuned: \d+s, trained at [0-9.]+ samples/s[\s\S]*"
+                    r"round 1, \(c\) train --tune: \d+s[\s\S]*"
+                    r"a/c wall: [0-9.]+x from 1 pair[\s\S]*"
+                    r"\(c\)'s final loss against \(a\)'s: [+-][0-9.]+%"),
 }
 """Script -> what its quick output must hold (real searches: half a minute to a few minutes
 each)."""

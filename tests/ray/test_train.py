@@ -16,6 +16,7 @@ from pathlib import Path
 
 import _procs
 import pytest
+import yaml
 from _search import Holds
 
 SMOKE = ["--preset", "smoke", "--checkpoint-every", "10", "--set", "train.log_every=5"]
@@ -180,3 +181,49 @@ def test_elastic_run_loses_a_node_then_grows_back(three_nodes, tmp_path: Path) -
         f"node loss -> first step on 1 worker: {float(first_alone['wall_time']) - removed_at:.1f}s;"
         f" restarts: {[r['line'] for r in result['restarts']]}; snapshots: {result['snapshots']}"
     )
+
+
+TUNE = ["--tune", "--set", "train.tune_window=1", "--set", "search.verdict_pairs=3",
+        "--set", "train.tune_budget=0.5"]  # fmt: skip
+"""Tuning while training in few steps: windows of one step, three pairs a candidate at most."""
+
+
+@pytest.mark.slow
+def test_a_size_an_elastic_run_shrinks_to_is_tuned_and_a_resume_starts_with_it(
+    three_nodes, tmp_path: Path
+) -> None:
+    """``--workers 1:2 --tune`` loses a node: the 1-worker size, which has no entry, is tuned
+    online and its entry written to tuned_sizes.yaml; a ``--resume`` at 1 worker starts with
+    that split and does not tune again."""
+    cluster = three_nodes
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    process = start(
+        tmp_path, "--steps", "90", "--workers", "1:2", "--address", cluster.address,
+        "--set", "train.resize_check_s=2", "--set", "train.start_timeout_s=10", *TUNE,
+    )  # fmt: skip
+    wait_for(tmp_path, lambda r: int(r[-1]["step"]) >= 8)
+    cluster.remove_node(nodes[1])
+    output = finish(process)
+    assert (
+        "tune: step 0, 2 worker(s): accumulation 1 runs; candidates: accumulation 2, 4, 8" in output
+    )
+    assert ", 1 worker(s): accumulation 2 runs; candidates: accumulation 4, 8" in output, output
+    decided = yaml.safe_load((tmp_path / "tuned_sizes.yaml").read_text())["sizes"]
+    assert list(decided) == [1], decided  # the 2-worker size was cut short by the loss
+    kept = decided[1]["tuned"]["accumulation_steps"]
+    assert f"1 worker(s): decided: accumulation {kept}" in output
+    tune = summary(tmp_path)["tune"]["sizes"]
+    assert tune["1"]["running"] == kept and len(tune["1"]["decisions"]) == 2
+    assert tune["2"]["outcome"] == "tuning"
+    before = len(rows(tmp_path))
+    cluster.add_node(num_cpus=1)  # room for Ray Train's controller beside the one worker
+    resumed = finish(start(tmp_path, "--steps", "100", "--workers", "1", "--address",
+                           cluster.address, "--resume", *TUNE))  # fmt: skip
+    assert f"1 worker(s): accumulation {kept} decided by tuned_sizes.yaml's entry" in resumed
+    after = rows(tmp_path)[before:]
+    assert [r["step"] for r in after] == [str(s) for s in range(91, 101)]
+    assert {(r["world_size"], r["accumulation_steps"]) for r in after} == {("1", str(kept))}
+    kinds = [e["kind"] for e in events(tmp_path)]
+    since = kinds[len(kinds) - 1 - kinds[::-1].index("start"):]  # the resumed run's events
+    assert "tune_skip" in since and not {"tune_start", "tune_pair"} & set(since), since
