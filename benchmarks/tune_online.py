@@ -33,13 +33,20 @@ from typing import Any
 from benchmarks._commands import run_module
 from benchmarks._record import add_results_option, recording
 from benchmarks.delivered import described
-from orchestrator.runfiles import BEST_YAML, EVENTS_JSONL, PROGRESS_CSV, SUMMARY_JSON, read_csv
+from orchestrator.runfiles import (
+    BEST_YAML,
+    EVENTS_JSONL,
+    PROGRESS_CSV,
+    SUMMARY_JSON,
+    Summary,
+    read_csv,
+)
 from orchestrator.verdict.paired import PairedRatio
 
 QUICK_TUNE = ["--set", "train.tune_window=1", "--set", "search.verdict_pairs=3"]
 """The quick mode's tuning: windows of one step, three pairs a candidate at most."""
 ARMS = ("a", "b", "c")
-NAMES = {"a": "untuned", "b": "search, then train best.yaml", "c": "train --tune"}
+NAMES = {"a": "untuned", "b": f"search, then train {BEST_YAML}", "c": "train --tune"}
 
 
 def train_args(args: argparse.Namespace, out: Path, *more: str) -> list[str]:
@@ -68,13 +75,13 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def trained(out: Path) -> dict[str, Any]:
     """A training folder's final loss, the speed of its steps after tuning ended (every step
     where it did not tune), and what tuning cost."""
-    summary = json.loads((out / SUMMARY_JSON).read_text())
+    summary = Summary.from_mapping(json.loads((out / SUMMARY_JSON).read_text()))
     events = [json.loads(line) for line in (out / EVENTS_JSONL).read_text().splitlines()]
     tuned_at = max((e["step"] for e in events if e["kind"] == "tune_done"), default=0)
     speeds = [float(r["samples_per_s"]) for r in read_csv(out / PROGRESS_CSV)
               if int(r["step"]) > tuned_at]  # fmt: skip
-    tune = summary.get("tune") or {}
-    return {"final_loss": summary["final_loss"], "tuned_at": tuned_at,
+    tune = summary.tune or {}
+    return {"final_loss": summary.final_loss, "tuned_at": tuned_at,
             "speed": statistics.harmonic_mean(speeds) if speeds else None,
             "kept": {w: s["running"] for w, s in (tune.get("sizes") or {}).items()},
             "lost": tune.get("lost")}  # fmt: skip

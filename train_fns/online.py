@@ -4,12 +4,16 @@ training steps, timed, and the split each window trains with, as the driver's ju
 
 A window is ``window_steps`` steps that were not profiled (a profiled step waits for the device
 at each phase and runs an extra reference micro-step: counted, it would slow whichever window
-it falls in). Its time is the slowest rank's, the device waited for at its end (on CUDA a step's
-wall-clock is the host's; the queue is drained once a window, not every step). Rank 0 hands the
-window to the judge and every rank takes its answer over the side group, so each rank switches
-at the same step. A switch re-splits the per-rank batch (``resplit``): the same samples in the
-same order, the global batch kept, so the run's loss is the untuned run's up to the order of
-summation.
+it falls in). Each of its steps is timed from the device's queue drained before it to the queue
+drained after it (``start_step``, ``after_step``): on CUDA a step's host wall-clock leaves out
+the device work still queued, and what runs between steps (reports, checkpoints, snapshots) is
+not the step's. The drains cost the overlap of one step's tail with the next step's host work,
+alike for both sides of a pair, and only while a size tunes. A window's time is the slowest
+rank's. Rank 0 hands the window to the judge and every rank takes its answer over the side
+group, so each rank switches at the same step. A switch re-splits the per-rank batch
+(``resplit``): the same samples in the same order, the global batch kept. Without dropout (or
+another random layer) the run's loss is the untuned run's up to the order of summation; with
+it, a different split draws different masks, as a resize does.
 """
 
 from __future__ import annotations
@@ -46,10 +50,11 @@ def resplit(plan: TrialPlan, accumulation: int, step: int, samples_seen: int) ->
 class OnlineTuning:
     """Times windows and switches the runner's split between them (see the module)."""
 
-    def __init__(self, judge: Judge | None, rank: int, world: int, window_steps: int) -> None:
+    def __init__(self, judge: Judge | None, world: int, window_steps: int) -> None:
         """``judge``: rank 0's (other ranks pass None and take rank 0's answers)."""
-        self.judge, self.rank, self.world, self.window_steps = judge, rank, world, window_steps
+        self.judge, self.world, self.window_steps = judge, world, window_steps
         self.done, self.steps, self.seconds = False, 0, 0.0
+        self.started: float | None = None
         self.events: list[dict[str, Any]] = []
 
     def begin(self, runner: StepRunner, step: int, samples_seen: int) -> None:
@@ -61,17 +66,25 @@ class OnlineTuning:
         )
         self._apply(runner, answer, step, samples_seen)
 
-    def after_step(self, runner: StepRunner, step_s: float, profiled: bool, step: int,
-                   samples_seen: int) -> None:  # fmt: skip
-        """Count a finished step (``step`` is the next one's number); at a window's end, ask
-        what the next window trains with and switch to it. Every rank calls it alike."""
-        if self.done or profiled:
+    def start_step(self, device: torch.device, profiled: bool) -> None:
+        """Before a step: a step that counts starts its clock on an empty device queue."""
+        if not (self.done or profiled):
+            _drain(device)
+            self.started = time.perf_counter()
+
+    def after_step(self, runner: StepRunner, step: int, samples_seen: int) -> None:
+        """Count a finished step (``step`` is the next one's number) if it was timed; at a
+        window's end, ask what the next window trains with and switch to it. Every rank calls
+        it alike."""
+        if self.started is None:
             return
-        self.steps, self.seconds = self.steps + 1, self.seconds + step_s
+        _drain(runner.device)
+        self.steps += 1
+        self.seconds += time.perf_counter() - self.started
+        self.started = None
         if self.steps < self.window_steps:
             return
-        seconds = self.seconds + _drain(runner.device)
-        seconds = reduce_over_ranks([seconds], "max")[0]
+        seconds = reduce_over_ranks([self.seconds], "max")[0]
         answer = self._ask(
             runner.plan.accumulation_steps, step, "window", self.world, seconds, self.steps
         )
@@ -106,10 +119,7 @@ class OnlineTuning:
             runner.plan = resplit(runner.plan, accumulation, step, samples_seen)
 
 
-def _drain(device: torch.device) -> float:
-    """Seconds spent waiting for the device's queue (0 on the CPU)."""
-    if device.type != "cuda":
-        return 0.0
-    started = time.perf_counter()
-    torch.cuda.synchronize(device)
-    return time.perf_counter() - started
+def _drain(device: torch.device) -> None:
+    """Wait for the device's queue (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -99,7 +99,7 @@ class ElasticTrainer:
         self.fitted: Fitted | None = None
         self.tuning = None
         if spec.tune_window:
-            self.tuning = OnlineTuning(judge if rank == 0 else None, rank, world, spec.tune_window)
+            self.tuning = OnlineTuning(judge if rank == 0 else None, world, spec.tune_window)
 
     def run(self) -> None:
         saved = self._saved_state()
@@ -225,6 +225,8 @@ class ElasticTrainer:
         torch.manual_seed(step_seed(plan.seed, step, self.rank))
         probe = step % self.spec.grad_norm_every == 0
         runner.before_optimizer = self._probe_gradients if probe else None
+        if self.tuning is not None:
+            self.tuning.start_step(runner.device, profiled)
         start = time.perf_counter()
         loss = runner.run_step(step, profiled)
         times = runner.timer.take_window()
@@ -238,7 +240,7 @@ class ElasticTrainer:
             if self.adaptive is not None:
                 self._adapt(runner, comm, compute, step)
         if self.tuning is not None:
-            self.tuning.after_step(runner, metrics[m.STEP_TIME_S], profiled, step + 1, seen)
+            self.tuning.after_step(runner, step + 1, seen)
             self._take_tuning_events()
         metrics[m.EVENTS] = self.events
         self.events = []

@@ -102,7 +102,7 @@ def train_loop_elastic(config: dict[str, Any]) -> None:
             checkpoint_dir=None if directory is None else Path(directory),
             keeper=None if handle is None else KeeperHandle(handle),
             setup=setup,
-            judge=None if judge is None else JudgeHandle(judge),
+            judge=None if judge is None else JudgeHandle(judge, config["plan"]["step_deadline_s"]),
         ).run()
 
 
@@ -143,20 +143,21 @@ class JudgeHandle:
     on rank 0: each call waits for its answer (one per window of steps)."""
 
     TIMEOUT_S = 60.0
-    """A judge that does not answer in this long ends the tuning (``OnlineTuning._ask``)."""
+    """A judge that does not answer in this long ends the tuning (``OnlineTuning._ask``) ..."""
 
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
+    def __init__(self, actor: Any, step_deadline_s: float) -> None:
+        """... or in a quarter of the step deadline, which the wait counts against."""
+        self.actor, self.timeout_s = actor, min(self.TIMEOUT_S, step_deadline_s / 4)
 
     def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]:
         import ray
 
-        return ray.get(self.actor.begin.remote(world, per_rank, running), timeout=self.TIMEOUT_S)
+        return ray.get(self.actor.begin.remote(world, per_rank, running), timeout=self.timeout_s)
 
     def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
         import ray
 
-        return ray.get(self.actor.window.remote(world, seconds, steps), timeout=self.TIMEOUT_S)
+        return ray.get(self.actor.window.remote(world, seconds, steps), timeout=self.timeout_s)
 
 
 def probe_loop_per_worker(config: dict[str, Any]) -> None:

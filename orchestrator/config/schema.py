@@ -197,6 +197,8 @@ class SearchConfig:
 
 ON_NO_SPLIT = ("wait", "fail")
 TUNE_MODES = ("off", "online")
+BOOL_WORDS = {"train.tune": TUNE_MODES}
+"""Text keys whose words YAML reads as booleans (``off``): false and true read as these."""
 
 
 @dataclass
@@ -388,6 +390,8 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
         return float(value)
     if hint is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
         return float(value)  # YAML 1.1 reads 1e-4 (no dot, no exponent sign) as a string
+    if path in BOOL_WORDS and isinstance(value, bool):
+        return BOOL_WORDS[path][value]
     if hint is str and isinstance(value, bool):
         raise ConfigError(path, f"expected text, got {value!r}: YAML reads off, on, no and yes "
                           "as false and true; quote the word ('off')")  # fmt: skip

@@ -40,7 +40,8 @@ def section_by_size(record: RunRecord) -> str:
     ax.set(xlabel="step", ylabel="global samples/s")
     ax.legend(fontsize="x-small")
     note = "<p>Dashed: what the search measured for the entry a size ran, at that size.</p>"
-    return png(fig, "samples/s by world size") + (note if searched else "") + _table(record)
+    body = png(fig, "samples/s by world size") + (note if searched else "") + _table(record)
+    return body + _tune_table(record)
 
 
 def _table(record: RunRecord) -> str:
@@ -59,3 +60,32 @@ def _table(record: RunRecord) -> str:
                      share + mark])  # fmt: skip
     header = ["world size", "steps", "trained samples/s", "entry", "searched", "trained/searched"]
     return html_table(header, rows)
+
+
+def _tune_table(record: RunRecord) -> str:
+    """``--tune``'s account per world size (``summary.json``'s ``tune``): the split kept, each
+    candidate's decision with its ratio and interval, and what the candidates that were not
+    kept cost. A folder from elsewhere may hold anything there: what is not as written is
+    shown blank."""
+    sizes = (record.summary.tune or {}).get("sizes")
+    if not isinstance(sizes, dict) or not sizes:
+        return ""
+    rows = []
+    for world, size in sizes.items():
+        size = size if isinstance(size, dict) else {}
+        lost = size.get("lost") if isinstance(size.get("lost"), dict) else {}
+        decisions = size.get("decisions") if isinstance(size.get("decisions"), list) else []
+        judged = "; ".join(_decision(d) for d in decisions if isinstance(d, dict))
+        rows.append([str(world), fmt(num(size.get("running")), "g"), str(size.get("outcome", "")),
+                     judged, fmt(num(lost.get("steps")), "g"), fmt(num(lost.get("seconds")), ".1f"),
+                     fmt(num(lost.get("extra_s")), "+.1f")])  # fmt: skip
+    header = ["world size", "accumulation kept", "tuning", "candidates judged",
+              "steps not kept", "their seconds", "against the running split"]  # fmt: skip
+    return "<h3>Tuning while training (--tune)</h3>" + html_table(header, rows)
+
+
+def _decision(decision: dict) -> str:
+    """One candidate's decision: ``4: keep 1.081x (1.031-1.133, 5 pairs)``."""
+    ratio, low, high = (num(decision.get(k)) for k in ("ratio", "low", "high"))
+    return (f"{decision.get('candidate')}: {decision.get('outcome')} {fmt(ratio, '.3f')}x "
+            f"({fmt(low, '.3f')}-{fmt(high, '.3f')}, {decision.get('pairs')} pairs)")  # fmt: skip

@@ -30,12 +30,13 @@ from orchestrator.runfiles import (
     PROGRESS_CSV,
     TRAIN_FILES,
     TRAIN_RUN_NAME,
+    TUNED_SIZES_YAML,
     Summary,
     num,
     read_csv,
     write_summary,
 )
-from orchestrator.train.tune import read_tuned_sizes, summary_lines
+from orchestrator.train.tune import check_budget, read_tuned_sizes, summary_lines
 from train_fns.metrics import STATE_FILE
 from train_fns.restart import read_state
 
@@ -104,13 +105,24 @@ def prepare(args: argparse.Namespace) -> tuple[Config, Path]:
     out = Path(os.path.expandvars(os.path.expanduser(args.out or f"runs/{config.name}-train")))
     check_out_dir(out)
     check_ray_address(config, "--address" if args.address else "cluster.address")
-    if config.train.tune == "online":  # the sizes a run before decided, read before Ray
-        read_tuned_sizes(out, config.workload.global_batch)
+    if config.train.tune == "online":
+        check_budget(config)
+        check_tuned_sizes(out, config, args.resume)
     latest = latest_checkpoint(out)
     if latest is not None and not args.resume:
         raise ConfigError("--out", f"{out} holds a run (checkpoint at step {latest[0]}); pass "
                           "--resume to continue it or choose another --out")  # fmt: skip
     return config, out
+
+
+def check_tuned_sizes(out: Path, config: Config, resume: bool) -> None:
+    """A ``--resume`` starts the sizes an earlier ``--tune`` run decided (its
+    ``tuned_sizes.yaml``, read here so that a broken file stops before Ray); a new run into a
+    folder that holds one is refused, as one that holds a checkpoint is."""
+    decided = read_tuned_sizes(out, config.workload.global_batch)
+    if decided and not resume:
+        raise ConfigError("--out", f"{out} holds {TUNED_SIZES_YAML} of an earlier --tune run; "
+                          "pass --resume to start its sizes tuned, or choose another --out")
 
 
 def latest_checkpoint(out: Path) -> tuple[int, Path] | None:

@@ -27,7 +27,7 @@ from orchestrator.cluster.workers import Fit, GroupSpec, Heartbeat, torch_traine
 from orchestrator.config.schema import Config, ConfigError, TrainConfig
 from orchestrator.config.size_entries import fit_context, fit_range, run_entries
 from orchestrator.planning.from_config import check_reductions, plan_from_config, resolve_task
-from orchestrator.runfiles import LAST_STEP, TRAIN_RUN_NAME
+from orchestrator.runfiles import LAST_STEP, SUMMARY_JSON, TRAIN_RUN_NAME
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
 from orchestrator.train.tune import TuneSettings, read_tuned_sizes, start_judge
@@ -231,6 +231,21 @@ def start_judge_for(config: Config, out: Path) -> Any:
     return start_judge(settings, fixed, prior, out)
 
 
+def judge_summary(judge: Any, log: RunLog) -> dict[str, Any] | None:
+    """The judge's account of the run's tuning (None without ``--tune``); a judge that does not
+    answer costs the account, with a warning, not the run's summary."""
+    import ray
+
+    if judge is None:
+        return None
+    try:
+        return ray.get(judge.summary.remote(), timeout=60)
+    except ray.exceptions.RayError as e:
+        log.warnings.append(f"the tuning judge did not answer ({type(e).__name__}): "
+                            f"{SUMMARY_JSON} holds no tune")  # fmt: skip
+        return None
+
+
 def start_ray_for(config: Config, verbose: bool) -> None:
     """Join ``config``'s cluster, or start the local Ray a run of it needs: sized for its
     largest group (``train.max_workers`` of a worker range)."""
@@ -271,8 +286,7 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
         error = drain(fit, reports, log, config.search.heartbeat_s, high, watch)
         if error is None and fit.error is not None:
             error = f"{type(fit.error).__name__}: {fit.error}"[-2000:]
-        tune = None if judge is None else ray.get(judge.summary.remote(), timeout=60)
-        summary = log.summary(time.monotonic() - started, error, tune)
+        summary = log.summary(time.monotonic() - started, error, judge_summary(judge, log))
         log.close()
         return summary, log
     finally:

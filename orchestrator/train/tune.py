@@ -13,9 +13,11 @@ Per world size that has no decided entry it goes through:
    allocate and, under DDP, rebuild buckets);
 2. ``FLOOR_WINDOWS`` of it measured, whose spread is the noise floor of the pairs to come
    (``verdict.paired.noise_floor``: the race's own floor, where the search measured it);
-3. each candidate in turn against the running split, windows paired B c, c B, ... and judged
-   after every pair by the verdict's one rule (``verdict.decide``) against δ: kept (it becomes
-   the running split), or dropped (no gain, slower, or undecided at ``max_pairs`` pairs);
+3. each candidate in turn: one settling window (the switch's one-off costs, counted as spent,
+   not filed), then windows paired with the running split's, B c, c B, ..., judged after every
+   pair by the verdict's one rule (``verdict.decide``) against δ: kept (it becomes the running
+   split), or dropped (no gain, slower, undecided at ``max_pairs`` pairs, or cut short by the
+   group's end or by the budget);
 4. done: the size's kept split is its entry (``entries``), and no window is asked for again.
 
 Candidates are the accumulation values the space offers (divisors of the per-rank batch) with
@@ -48,7 +50,11 @@ FLOOR_WINDOWS = 4
 """Windows of the running split measured for the noise floor: they train as any other, so
 more would cost nothing but time before the first candidate."""
 BUDGET_SPENT = "budget spent"
-"""A size's outcome when ``train.tune_budget`` ran out before every candidate was judged."""
+"""A size's outcome when ``train.tune_budget`` ran out before every candidate was judged (and the
+decision on a candidate it cut short)."""
+INTERRUPTED = "interrupted"
+"""The decision on a candidate whose worker group ended while it raced: it is not raced again
+(a candidate that makes the group fail must not use up its restarts)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class Size:
     """The pair being measured: each role's speed (steps/s), and the candidate's seconds."""
     now: str = BASELINE
     """The role of the window running now (``BASELINE``: the running split)."""
+    settling: bool = False
+    """The window running now is a new candidate's first, not filed (``_record``)."""
     spent: Spent = field(default_factory=Spent)
     """Every candidate's windows at this size (the budget counts them)."""
     trying: Spent = field(default_factory=Spent)
@@ -119,11 +127,14 @@ class Size:
         return self.candidate if self.now == FINALIST and self.candidate else self.running
 
     def entry(self) -> dict[str, Any]:
-        """This size's decided split in best.yaml's ``sizes`` format."""
+        """This size's decided split in best.yaml's ``sizes`` format; its verdict says how it
+        ended (every candidate judged, or the budget spent before)."""
         kept = [d for d in self.decisions if d["outcome"] == KEEP]
         verdict = f"online: no candidate beat accumulation {self.running}"
         if kept:
-            verdict = f"online: accumulation {self.running} kept at {kept[-1]['ratio']:.2f}x"
+            verdict = (f"online: accumulation {self.running} kept at {kept[-1]['ratio']:.2f}x "
+                       f"accumulation {kept[-1]['running']}")  # fmt: skip
+        verdict += f" ({self.outcome}; {len(self.decisions)} candidate(s) judged)"
         return {"tuned": {"accumulation_steps": self.running}, "env": {}, "verdict": verdict}
 
 
@@ -152,15 +163,16 @@ class Judge:
         ``running`` ways: what its first window trains with. An undecided size starts its
         tuning over, keeping what it kept and spent before (the pairs of a group that ended are
         not paired with the new one's)."""
-        if world in self.fixed or world in self.decided:
-            kept = self.decided.get(world, running)
-            why = f"{TUNED_SIZES_YAML}'s entry" if world in self.decided else "the config's entry"
-            event = {"kind": "tune_skip", "world": world, "running": kept, "why": why}
-            return _answer(kept, done=True, events=[event])
-        before = self.sizes.get(world)
+        if world in self.fixed:
+            return _skip(world, running, "the config's entry")
+        kept = self.decided.get(world)
+        if kept is not None and kept >= running and per_rank % kept == 0:
+            return _skip(world, kept, f"{TUNED_SIZES_YAML}'s entry")
+        before, events = self.sizes.get(world), []
         if before is not None:
             running = before.running
-            before.lost.add(before.trying)  # the candidate raced when the group ended
+            if before.candidate is not None:  # raced when the group ended: not raced again
+                events.append(self._decide(before, INTERRUPTED, PairedRatio(tuple(before.ratios))))
         todo = candidates_of(per_rank, running, self.settings.max_accumulation)
         if before is not None:
             judged = {d["candidate"] for d in before.decisions}
@@ -169,15 +181,16 @@ class Judge:
         if before is not None:
             size.spent, size.lost, size.decisions = before.spent, before.lost, before.decisions
         self.sizes[world] = size
-        event = {"kind": "tune_start", "world": world, "running": running, "candidates": todo}
-        return _answer(running, events=[event])
+        events.append({"kind": "tune_start", "world": world, "running": running,
+                       "candidates": todo})  # fmt: skip
+        return _answer(running, events=events)
 
     def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
         """The window just ended at ``world`` ranks took ``seconds`` for ``steps`` steps:
         what the next one trains with (``done``: no more windows are asked for)."""
-        size = self.sizes.get(world)
-        if size is None or size.outcome is not None:
-            return _answer(self.decided.get(world, size.running if size else 0), done=True)
+        size = self.sizes[world]  # rank 0 begins every start: a size unknown here is a defect
+        if size.outcome is not None:
+            return _answer(size.running, done=True)
         events = self._record(size, steps / seconds if seconds > 0 else 0.0, steps, seconds)
         if size.outcome is None:
             self._schedule(size)
@@ -186,9 +199,15 @@ class Judge:
         return _answer(size.accumulation(), done=size.outcome is not None, events=events)
 
     def _record(self, size: Size, speed: float, steps: int, seconds: float) -> list[dict]:
-        """Take one window: a warm-up's is dropped, a floor window kept, a pair's half filed."""
+        """Take one window: a warm-up's is dropped, a floor window kept, a candidate's first
+        (settling) window counted but not filed, a pair's half filed."""
         if size.warmup:
             size.warmup -= 1
+            return []
+        if size.settling:
+            size.settling = False
+            size.trying.steps += steps
+            size.trying.seconds += seconds
             return []
         if size.floor is None:
             size.floor_speeds.append(speed)
@@ -237,6 +256,7 @@ class Judge:
         size.spent.add(size.trying)
         size.decisions.append(decision)
         size.candidate, size.ratios, size.baselines, size.trying = None, [], [], Spent()
+        size.pair, size.settling = {}, False
         return decision
 
     def _schedule(self, size: Size) -> None:
@@ -250,12 +270,15 @@ class Judge:
             if not size.candidates:
                 size.outcome = "every candidate judged"
                 return
-            size.candidate = size.candidates.pop(0)
-        first, second = pair_order(len(size.ratios))
-        size.now = second if first in size.pair else first
+            size.candidate, size.settling = size.candidates.pop(0), True
+            size.now = FINALIST  # its first window settles the switch: one-off costs, unfiled
+        else:
+            first, second = pair_order(len(size.ratios))
+            size.now = second if first in size.pair else first
         over = size.spent.steps + size.trying.steps + self.settings.window_steps
         if size.now == FINALIST and over > self.settings.budget_steps:
-            size.lost.add(size.trying)
+            if size.trying.steps:
+                self._decide(size, BUDGET_SPENT, PairedRatio(tuple(size.ratios)))
             size.candidate, size.now, size.outcome = None, BASELINE, BUDGET_SPENT
 
     def _finish(self, size: Size) -> dict[str, Any]:
@@ -294,6 +317,12 @@ def _floor(speeds: list[float]) -> float:
     return noise_floor([cv], len(speeds))
 
 
+def _skip(world: int, accumulation: int, why: str) -> dict[str, Any]:
+    """The answer for a size that is not tuned: its entry's split, said once a start."""
+    event = {"kind": "tune_skip", "world": world, "running": accumulation, "why": why}
+    return _answer(accumulation, done=True, events=[event])
+
+
 def _answer(accumulation: int, done: bool = False, events: list | None = None) -> dict[str, Any]:
     return {"accumulation_steps": accumulation, "done": done, "events": events or []}
 
@@ -312,27 +341,47 @@ def read_tuned_sizes(out: Path, global_batch: int) -> dict[int, dict[str, Any]]:
     if not path.exists():
         return {}
     try:
-        sizes = read_mapping(path).get("sizes") or {}
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(path), f"unreadable ({e}); remove it to tune again") from e
+        sizes = read_mapping(path).get("sizes")
+    except (OSError, ValueError, TypeError, RecursionError, yaml.YAMLError) as e:
+        first = str(e).partition("\n")[0][:200]
+        raise ConfigError(str(path), f"unreadable ({type(e).__name__}: {first}); remove it "
+                          "to tune again") from e  # fmt: skip
     if not isinstance(sizes, dict):
-        raise ConfigError(f"{path}: sizes", "expected a mapping of world size to entry; remove "
-                          "the file to tune again")  # fmt: skip
+        raise ConfigError(f"{path}: sizes", f"expected a mapping of world size to entry, got "
+                          f"{type(sizes).__name__}; remove the file to tune again")  # fmt: skip
     return {_size_of(path, key, entry, global_batch): entry for key, entry in sizes.items()}
 
 
 def _size_of(path: Path, key: Any, entry: Any, global_batch: int) -> int:
     """An entry's world size, once the entry is one ``Size.entry`` writes for it."""
+    where = f"{path}: sizes.{str(key)[:40]}"
+    if not isinstance(key, int) or isinstance(key, bool) or not 1 <= key <= global_batch:
+        raise ConfigError(
+            where,
+            f"the key ({type(key).__name__}) is not a world size from 1 "
+            f"to {global_batch}; remove the entry to tune that size again",
+        )
     tuned = entry.get("tuned") if isinstance(entry, dict) else None
     value = tuned.get("accumulation_steps") if isinstance(tuned, dict) else None
-    size = key if isinstance(key, int) and not isinstance(key, bool) else 0
-    if not (size >= 1 and global_batch % size == 0 and isinstance(value, int)
-            and not isinstance(value, bool) and value >= 1
-            and (global_batch // size) % value == 0):  # fmt: skip
-        raise ConfigError(f"{path}: sizes.{key}", f"{entry!r} is not a world size with an "
-                          "accumulation that splits workload.global_batch; remove the entry "
-                          "to tune that size again")  # fmt: skip
-    return size
+    if not (global_batch % key == 0 and isinstance(value, int) and not isinstance(value, bool)
+            and value >= 1 and (global_batch // key) % value == 0):  # fmt: skip
+        raise ConfigError(where, f"{str(entry)[:120]} holds no tuned.accumulation_steps that "
+                          f"splits workload.global_batch={global_batch} over {key} worker(s); "
+                          "remove the entry to tune that size again")  # fmt: skip
+    return key
+
+
+def check_budget(config: Any) -> None:
+    """``train.tune_budget`` leaves room to judge a candidate: its settling window and
+    ``MIN_PAIRS`` pairs of windows, or a ConfigError naming the keys (before Ray starts)."""
+    train = config.train
+    budget, need = int(train.tune_budget * train.steps), (MIN_PAIRS + 1) * train.tune_window
+    if train.tune == "online" and budget < need:
+        raise ConfigError("train.tune_budget", f"{train.tune_budget:g} x train.steps="
+                          f"{train.steps} is {budget} steps a size may spend on candidates; "
+                          f"judging one takes at least {need} ({MIN_PAIRS + 1} windows of "
+                          f"train.tune_window={train.tune_window}): raise train.tune_budget or "
+                          "train.steps, or lower train.tune_window")  # fmt: skip
 
 
 def start_judge(settings: TuneSettings, fixed: set[int], prior: dict[int, dict[str, Any]],
@@ -352,21 +401,16 @@ def tune_line(event: dict[str, Any]) -> str:
     if kind == "tune_skip":
         return f"{head}: accumulation {event['running']} decided by {event['why']}: not tuned"
     if kind == "tune_pair":
-        line = (f"{head}: accumulation {event['candidate']} against {event['running']}, pair "
-                f"{event['pair']}: {event['ratio']:.3f}x")  # fmt: skip
-        if not math.isfinite(event["high"]):
-            return line
-        return f"{line} (interval so far {event['low']:.3f}-{event['high']:.3f})"
+        return (f"{head}: accumulation {event['candidate']} against {event['running']}, pair "
+                f"{event['pair']}: {event['ratio']:.3f}x{_interval(event, ' so far')}")  # fmt: skip
     if kind == "tune_decision":
         return (f"{head}: {event['outcome']}: accumulation {event['candidate']} is "
-                f"{event['ratio']:.3f}x accumulation {event['running']} (interval "
-                f"{event['low']:.3f}-{event['high']:.3f} from {event['pairs']} pairs; "
-                f"{event['steps']} steps, {event['seconds']:.1f}s)")  # fmt: skip
+                f"{event['ratio']:.3f}x accumulation {event['running']} from {event['pairs']} "
+                f"pair(s){_interval(event, '')}; {event['steps']} steps, "
+                f"{event['seconds']:.1f}s")  # fmt: skip
     if kind == "tune_done":
-        lost = event["lost"]
         return (f"{head}: decided: accumulation {event['running']} ({event['outcome']}); "
-                f"candidates not kept took {lost['steps']} steps, {lost['seconds']:.1f}s "
-                f"({lost['extra_s']:+.1f}s against the running split)")  # fmt: skip
+                f"{_lost_text(event['lost'])}")  # fmt: skip
     return f"{head}: tuning off: {event.get('why')}"
 
 
@@ -375,9 +419,19 @@ def summary_lines(tune: dict[str, Any] | None) -> list[str]:
     what its candidates that were not kept cost."""
     lines = []
     for world, size in ((tune or {}).get("sizes") or {}).items():
-        lost, judged = size["lost"], len(size["decisions"])
         lines.append(f"tune: {world} worker(s): accumulation {size['running']} "
-                     f"({size['outcome']}, {judged} candidate(s) judged); those not kept took "
-                     f"{lost['steps']} steps, {lost['seconds']:.1f}s ({lost['extra_s']:+.1f}s "
-                     f"against the running split)")  # fmt: skip
+                     f"({size['outcome']}, {len(size['decisions'])} candidate(s) judged); "
+                     f"{_lost_text(size['lost'])}")  # fmt: skip
     return lines
+
+
+def _interval(event: dict[str, Any], so_far: str) -> str:
+    """`` (interval{so_far} low-high)``, or nothing where the pairs give none (one or none)."""
+    if not math.isfinite(event["high"]):
+        return ""
+    return f" (interval{so_far} {event['low']:.3f}-{event['high']:.3f})"
+
+
+def _lost_text(lost: dict[str, Any]) -> str:
+    return (f"candidates not kept took {lost['steps']} steps, {lost['seconds']:.1f}s "
+            f"({lost['extra_s']:+.1f}s against the running split)")  # fmt: skip

@@ -4,6 +4,7 @@ switches the split at the same step, and the run's trajectory is the untuned run
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,8 @@ def _train_broken_judge(rank: int, world: int, spec_dict: dict) -> list[dict]:
 
 
 def test_no_window_is_counted_across_a_profiled_step() -> None:
-    """A profiled step (phase syncs, a reference micro-step) is left out of every window."""
+    """A profiled step (phase syncs, a reference micro-step) is left out of every window, and
+    so is what runs between steps."""
     from train_fns.online import OnlineTuning
 
     class Count:
@@ -98,8 +100,11 @@ def test_no_window_is_counted_across_a_profiled_step() -> None:
             return {"accumulation_steps": 1, "done": False, "events": []}
 
     judge = Count()
-    tuning = OnlineTuning(judge, 0, 1, window_steps=2)
+    tuning = OnlineTuning(judge, 1, window_steps=2)
     runner = dataclasses.make_dataclass("R", ["plan", "device"])(tiny_plan(world_size=1), CPU)
-    for step, (seconds, profiled) in enumerate([(1.0, False), (50.0, True), (2.0, False)]):
-        tuning.after_step(runner, seconds, profiled, step + 1, 0)
-    assert judge.seconds == [3.0]
+    for step, (seconds, profiled) in enumerate([(0.05, False), (0.5, True), (0.05, False)]):
+        tuning.start_step(CPU, profiled)
+        time.sleep(seconds)
+        tuning.after_step(runner, step + 1, 0)
+        time.sleep(0.2)  # a report or a checkpoint between steps
+    assert len(judge.seconds) == 1 and 0.1 <= judge.seconds[0] < 0.3

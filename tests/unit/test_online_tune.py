@@ -17,6 +17,7 @@ from orchestrator.train.tune import (
     Judge,
     TuneSettings,
     candidates_of,
+    check_budget,
     read_tuned_sizes,
     summary_lines,
     tune_line,
@@ -84,7 +85,7 @@ def test_a_slower_split_leaves_after_the_least_pairs() -> None:
     seen = drive(judge, {1: 10.0, 2: 7.0, 4: 7.0, 8: 7.0}, noise=0.01, seed=2)
     decisions = events(seen, "tune_decision")
     assert [d["outcome"] for d in decisions] == ["slower"] * 3
-    assert all(d["pairs"] == 3 and d["steps"] == 9 for d in decisions)
+    assert all(d["pairs"] == 3 and d["steps"] == 12 for d in decisions)  # a settling window too
     assert seen[-1][1]["accumulation_steps"] == 1
 
 
@@ -107,15 +108,23 @@ def test_a_restart_drops_the_pairs_in_flight_and_keeps_what_was_judged() -> None
     while not any(e["kind"] == "tune_decision" for e in answer["events"]):
         a = answer["accumulation_steps"]
         answer = judge.window(2, 3 / (speed[a] * rng.lognormvariate(0, 0.01)), 3)
-    again = judge.begin(2, 16, 1)  # the group restarted mid-tuning
+    for _ in range(3):  # into accumulation 4's settling window and first pair
+        a = answer["accumulation_steps"]
+        answer = judge.window(2, 3 / (speed[a] * rng.lognormvariate(0, 0.01)), 3)
+    again = judge.begin(2, 16, 1)  # the group restarted while 4 raced
     assert again["accumulation_steps"] == 1 and not again["done"]
-    assert again["events"][0]["candidates"] == [4, 8]  # 2 was judged already
+    cut, start = again["events"]
+    assert (cut["candidate"], cut["outcome"], cut["steps"]) == (4, "interrupted", 6)
+    assert start["candidates"] == [8]  # 2 judged, 4 cut short: neither raced again
     assert judge.window(2, 0.3, 3)["accumulation_steps"] == 1  # warm-up again
+    spent = judge.summary()["sizes"]["2"]
+    assert spent["spent"]["steps"] == 12 + 6 and spent["lost"]["steps"] == 12 + 6
 
 
 def test_decided_and_fixed_sizes_are_not_tuned(tmp_path: Path) -> None:
-    prior = {1: {"tuned": {"accumulation_steps": 4}, "env": {}, "verdict": "online: ..."}}
-    judge = Judge(SETTINGS, {4}, prior, tmp_path)
+    prior = {1: {"tuned": {"accumulation_steps": 4}, "env": {}, "verdict": "online: ..."},
+             4: {"tuned": {"accumulation_steps": 1}, "env": {}, "verdict": "online: ..."}}
+    judge = Judge(SETTINGS, {4}, prior, tmp_path)  # the config's entry for 4 wins
     skipped = judge.begin(1, 32, 2)
     assert skipped["accumulation_steps"] == 4 and skipped["done"]
     assert tune_line({**skipped["events"][0], "step": 0}).endswith(
@@ -127,6 +136,15 @@ def test_decided_and_fixed_sizes_are_not_tuned(tmp_path: Path) -> None:
     drive(judge, {1: 10.0, 2: 12.0, 4: 8.0, 8: 8.0}, noise=0.01, seed=5)
     written = read_tuned_sizes(tmp_path, 32)
     assert written[1] == prior[1] and written[2]["tuned"]["accumulation_steps"] == 2
+    assert written[2]["verdict"].startswith("online: accumulation 2 kept at ")
+    assert written[2]["verdict"].endswith("x accumulation 1 (every candidate judged; "
+                                          "3 candidate(s) judged)")  # fmt: skip
+
+
+def test_a_decided_split_larger_than_the_start_allows_is_tuned_again() -> None:
+    prior = {2: {"tuned": {"accumulation_steps": 1}, "env": {}, "verdict": "hand edit"}}
+    answer = Judge(SETTINGS, set(), prior, None).begin(2, 16, 2)  # micro-batch 16 > 8
+    assert not answer["done"] and answer["events"][0]["kind"] == "tune_start"
 
 
 @pytest.mark.parametrize(
@@ -134,7 +152,9 @@ def test_decided_and_fixed_sizes_are_not_tuned(tmp_path: Path) -> None:
     ["sizes: {3: {tuned: {accumulation_steps: 2}}}",  # 3 workers cannot carry 32
      "sizes: {2: {tuned: {accumulation_steps: 3}}}",  # 16 a rank does not split 3 ways
      "sizes: {2: {tuned: {accumulation_steps: true}}}",
-     "sizes: {2: oops}", "sizes: [1, 2]", "- not a mapping"],
+     "sizes: {2: oops}", "sizes: [1, 2]", "- not a mapping", "sizes: 0", "sizes: {'2': {}}",
+     "sizes: {? [1, 2] : {}}", "sizes: {2: {}, 2: {}}", "sizes: {0: {}}", "sizes: {64: {}}",
+     "sizes: {2: {tuned: {accumulation_steps: 2}}}\nsizes: {}", "sizes: " + "[" * 40],
 )  # fmt: skip
 def test_a_broken_tuned_sizes_file_is_named(tmp_path: Path, text: str) -> None:
     (tmp_path / TUNED_SIZES_YAML).write_text(text)
@@ -158,6 +178,16 @@ def test_every_event_has_a_line() -> None:
     assert off == "tune: step 4, 2 worker(s): tuning off: GetTimeoutError: x"
 
 
+def test_a_budget_too_small_to_judge_a_candidate_is_named() -> None:
+    from orchestrator import load_config
+
+    config = load_config(None, "smoke", ["train.tune=online", "train.tune_budget=0.05"])
+    with pytest.raises(ConfigError, match="train.tune_budget") as e:
+        check_budget(config)
+    assert "0.05 x train.steps=100 is 5 steps" in str(e.value) and "at least 12" in str(e.value)
+    check_budget(load_config(None, "smoke", ["train.tune=online"]))  # 30 steps: room
+
+
 def test_tune_and_adaptive_are_one_or_the_other() -> None:
     from orchestrator import load_config
 
@@ -168,8 +198,7 @@ def test_tune_and_adaptive_are_one_or_the_other() -> None:
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("off", "YAML reads off, on, no and yes as false and true; quote the word"),
-     ("onlin", "got 'onlin'; use one of: off, online")],
+    [("onlin", "got 'onlin'; use one of: off, online"), ("3", "expected str, got 3")],
 )  # fmt: skip
 def test_a_mistyped_tune_mode_is_named(value: str, message: str) -> None:
     from orchestrator import load_config
@@ -184,3 +213,22 @@ def test_the_flag_sets_online_tuning() -> None:
 
     assert check(["--preset", "smoke", "--tune"]).train.tune == "online"
     assert check(["--preset", "smoke", "--set", "train.tune='off'"]).train.tune == "off"
+    assert check(["--preset", "smoke", "--set", "train.tune=off"]).train.tune == "off"  # YAML's
+    assert check(["--preset", "smoke", "--set", "train.tune=on"]).train.tune == "online"
+
+
+def test_the_report_shows_what_tuning_kept_and_cost() -> None:
+    from orchestrator.report.by_size import section_by_size
+    from orchestrator.runfiles import RunRecord, Summary
+
+    judge = Judge(SETTINGS, set(), {}, None)
+    drive(judge, {1: 10.0, 2: 10.5, 4: 12.0, 8: 9.0}, noise=0.01, seed=1)
+    progress = [{"step": "1", "samples_per_s": "20", "world_size": "2"}]
+    text = section_by_size(RunRecord(summary=Summary(tune=judge.summary()), progress=progress))
+    assert "Tuning while training (--tune)" in text
+    assert "<td>2</td><td>4</td><td>every candidate judged</td>" in text
+    assert "4: keep " in text and ("8: slower " in text or "8: no gain " in text)
+    hostile = {"sizes": {"2": {"running": "x", "decisions": [7, {"ratio": "y"}], "lost": 3},
+                         "<b>": None}}  # fmt: skip
+    text = section_by_size(RunRecord(summary=Summary(tune=hostile), progress=progress))
+    assert "&lt;b&gt;" in text and "<b>" not in text  # shown, escaped, never a crash
