@@ -55,15 +55,17 @@ class OnlineTuning:
         self.judge, self.world, self.window_steps = judge, world, window_steps
         self.done, self.steps, self.seconds = False, 0, 0.0
         self.started: float | None = None
+        self.running = 0
+        """The size's running split as the judge last said (0: not yet): what the run keeps
+        should the judge stop answering, not the candidate a window was trying."""
         self.events: list[dict[str, Any]] = []
 
     def begin(self, runner: StepRunner, step: int, samples_seen: int) -> None:
         """The group's start: the split its first window trains with."""
         plan = runner.plan
         per_rank = plan.global_batch // plan.world_size
-        answer = self._ask(
-            plan.accumulation_steps, step, "begin", self.world, per_rank, plan.accumulation_steps
-        )
+        self.running = plan.accumulation_steps
+        answer = self._ask(step, "begin", self.world, per_rank, plan.accumulation_steps)
         self._apply(runner, answer, step, samples_seen)
 
     def start_step(self, device: torch.device, profiled: bool) -> None:
@@ -85,9 +87,7 @@ class OnlineTuning:
         if self.steps < self.window_steps:
             return
         seconds = reduce_over_ranks([self.seconds], "max")[0]
-        answer = self._ask(
-            runner.plan.accumulation_steps, step, "window", self.world, seconds, self.steps
-        )
+        answer = self._ask(step, "window", self.world, seconds, self.steps)
         self.steps, self.seconds = 0, 0.0
         self._apply(runner, answer, step, samples_seen)
 
@@ -96,21 +96,23 @@ class OnlineTuning:
         events, self.events = self.events, []
         return events
 
-    def _ask(self, running: int, step: int, call: str, *args: Any) -> tuple[int, bool]:
-        """Rank 0 asks the judge; every rank gets its (accumulation, done). A judge that fails
-        to answer ends the tuning, not the run: training goes on with ``running``."""
-        mine = torch.zeros(2, dtype=torch.float64)
+    def _ask(self, step: int, call: str, *args: Any) -> tuple[int, bool]:
+        """Rank 0 asks the judge; every rank gets its (accumulation, running, done). A judge
+        that fails to answer ends the tuning, not the run: training goes on with the running
+        split it last named."""
+        mine = torch.zeros(3, dtype=torch.float64)
         if self.judge is not None:
             try:
                 answer = getattr(self.judge, call)(*args)
-                mine[:] = torch.tensor([answer["accumulation_steps"], answer["done"]])
+                mine[:] = torch.tensor([answer["accumulation_steps"], answer["running"],
+                                        answer["done"]])  # fmt: skip
                 self.events.extend({**event, "step": step} for event in answer["events"])
             except Exception as e:  # noqa: BLE001 - rank 0 must reach the collective below
-                mine[:] = torch.tensor([running, 1])
+                mine[:] = torch.tensor([self.running, self.running, 1])
                 self.events.append({"kind": "tune_off", "world": self.world, "step": step,
                                     "why": f"{type(e).__name__}: {e}"[:300]})  # fmt: skip
-        accumulation, done = reduce_tensor(mine, "sum").tolist()
-        return int(accumulation), bool(done)
+        accumulation, self.running, done = (int(x) for x in reduce_tensor(mine, "sum").tolist())
+        return accumulation, bool(done)
 
     def _apply(self, runner: StepRunner, answer: tuple[int, bool], step: int,
                samples_seen: int) -> None:  # fmt: skip

@@ -225,8 +225,8 @@ class ElasticTrainer:
         torch.manual_seed(step_seed(plan.seed, step, self.rank))
         probe = step % self.spec.grad_norm_every == 0
         runner.before_optimizer = self._probe_gradients if probe else None
-        if self.tuning is not None:
-            self.tuning.start_step(runner.device, profiled)
+        if self.tuning is not None:  # a profiled or probed step syncs: it is not timed
+            self.tuning.start_step(runner.device, profiled or probe)
         start = time.perf_counter()
         loss = runner.run_step(step, profiled)
         times = runner.timer.take_window()

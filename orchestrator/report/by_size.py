@@ -85,7 +85,11 @@ def _tune_table(record: RunRecord) -> str:
 
 
 def _decision(decision: dict) -> str:
-    """One candidate's decision: ``4: keep 1.081x (1.031-1.133, 5 pairs)``."""
+    """One candidate's decision: ``4: keep 1.081x (1.031-1.133, 5 pairs)``; ``4: interrupted,
+    no pair measured`` where none was."""
+    head = f"{decision.get('candidate')}: {decision.get('outcome')}"
+    if not decision.get("pairs"):
+        return f"{head}, no pair measured"
     ratio, low, high = (num(decision.get(k)) for k in ("ratio", "low", "high"))
-    return (f"{decision.get('candidate')}: {decision.get('outcome')} {fmt(ratio, '.3f')}x "
-            f"({fmt(low, '.3f')}-{fmt(high, '.3f')}, {decision.get('pairs')} pairs)")  # fmt: skip
+    interval = f"{fmt(low, '.3f')}-{fmt(high, '.3f')}, " if high is not None else ""
+    return f"{head} {fmt(ratio, '.3f')}x ({interval}{decision.get('pairs')} pairs)"

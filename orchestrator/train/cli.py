@@ -36,7 +36,9 @@ from orchestrator.runfiles import (
     read_csv,
     write_summary,
 )
-from orchestrator.train.tune import check_budget, read_tuned_sizes, summary_lines
+from orchestrator.train.tune import check_budget
+from orchestrator.train.tune_files import read_tuned_sizes
+from orchestrator.train.tune_lines import summary_lines
 from train_fns.metrics import STATE_FILE
 from train_fns.restart import read_state
 

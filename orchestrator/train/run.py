@@ -30,7 +30,8 @@ from orchestrator.planning.from_config import check_reductions, plan_from_config
 from orchestrator.runfiles import LAST_STEP, SUMMARY_JSON, TRAIN_RUN_NAME
 from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
-from orchestrator.train.tune import TuneSettings, read_tuned_sizes, start_judge
+from orchestrator.train.tune import TuneSettings, start_judge
+from orchestrator.train.tune_files import read_tuned_sizes
 from train_fns.plan import InfeasiblePlan, TrialPlan
 from train_fns.restart import RunSpec
 from train_fns.size_fit import Fitted, plan_of

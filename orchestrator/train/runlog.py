@@ -29,7 +29,7 @@ from orchestrator.runfiles import (
     write_summary,
 )
 from orchestrator.train.progress import StepProgress
-from orchestrator.train.tune import tune_line
+from orchestrator.train.tune_lines import tune_line
 from train_fns import metrics as m
 from train_fns.commsplit import comm_fraction
 

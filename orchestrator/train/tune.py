@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator.config.schema import ConfigError
-from orchestrator.runfiles import TUNED_SIZES_YAML, read_mapping, write_atomic
+from orchestrator.runfiles import TUNED_SIZES_YAML
 from orchestrator.runfiles.remeasure import BASELINE, FINALIST
 from orchestrator.train.snapshots import driver_actor
+from orchestrator.train.tune_files import write_tuned_sizes
 from orchestrator.verdict.decide import KEEP, UNDECIDED, decide
 from orchestrator.verdict.paired import MIN_PAIRS, PairedRatio, noise_floor, pair_order
 
@@ -171,32 +170,47 @@ class Judge:
         before, events = self.sizes.get(world), []
         if before is not None:
             running = before.running
-            if before.candidate is not None:  # raced when the group ended: not raced again
-                events.append(self._decide(before, INTERRUPTED, PairedRatio(tuple(before.ratios))))
-        todo = candidates_of(per_rank, running, self.settings.max_accumulation)
+            if before.candidate is not None:  # raced when its group ended: not raced again
+                events.append(self._decide(before, INTERRUPTED, self._paired(before)))
+        todo = self.candidates(per_rank, running)
         if before is not None:
             judged = {d["candidate"] for d in before.decisions}
             todo = [a for a in todo if a not in judged]
+        if not todo and not (before and before.decisions):  # nothing to race: no entry
+            return _skip(world, running, "no candidate: no smaller micro-batch splits the "
+                         "per-rank batch within train.max_accumulation")  # fmt: skip
         size = Size(world, running, todo)
         if before is not None:
             size.spent, size.lost, size.decisions = before.spent, before.lost, before.decisions
         self.sizes[world] = size
+        if not todo:  # every candidate judged before the restart: decided
+            size.outcome = "every candidate judged"
+            events.append(self._finish(size))
+            return _answer(running, running, done=True, events=events)
         events.append({"kind": "tune_start", "world": world, "running": running,
                        "candidates": todo})  # fmt: skip
-        return _answer(running, events=events)
+        return _answer(running, running, events=events)
+
+    def candidates(self, per_rank: int, running: int) -> list[int]:
+        """What a size races against ``running``, in order: distinct accumulation values above
+        it (``candidates_of``; a restart leaves out the values judged). The A/A benchmark
+        (``benchmarks/calibration/tune_aa.py``) races twins of ``running`` instead, in a run
+        without restarts."""
+        return candidates_of(per_rank, running, self.settings.max_accumulation)
 
     def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
         """The window just ended at ``world`` ranks took ``seconds`` for ``steps`` steps:
         what the next one trains with (``done``: no more windows are asked for)."""
         size = self.sizes[world]  # rank 0 begins every start: a size unknown here is a defect
         if size.outcome is not None:
-            return _answer(size.running, done=True)
+            return _answer(size.running, size.running, done=True)
         events = self._record(size, steps / seconds if seconds > 0 else 0.0, steps, seconds)
         if size.outcome is None:
-            self._schedule(size)
+            events += self._schedule(size)
         if size.outcome is not None:
             events.append(self._finish(size))
-        return _answer(size.accumulation(), done=size.outcome is not None, events=events)
+        return _answer(size.accumulation(), size.running, done=size.outcome is not None,
+                       events=events)  # fmt: skip
 
     def _record(self, size: Size, speed: float, steps: int, seconds: float) -> list[dict]:
         """Take one window: a warm-up's is dropped, a floor window kept, a candidate's first
@@ -204,20 +218,19 @@ class Judge:
         if size.warmup:
             size.warmup -= 1
             return []
-        if size.settling:
-            size.settling = False
-            size.trying.steps += steps
-            size.trying.seconds += seconds
-            return []
         if size.floor is None:
             size.floor_speeds.append(speed)
             if len(size.floor_speeds) == FLOOR_WINDOWS:
                 size.floor = _floor(size.floor_speeds)
             return []
-        if size.now == FINALIST:
+        if size.now == FINALIST:  # its cost against the running split's nearest speed
+            near = size.pair.get(BASELINE) or (size.baselines or size.floor_speeds)[-1]
             size.trying.steps += steps
             size.trying.seconds += seconds
-            size.pair["steps"], size.pair["seconds"] = steps, seconds
+            size.trying.extra_s += seconds - steps / near
+        if size.settling:
+            size.settling = False
+            return []
         size.pair[size.now] = speed
         if BASELINE in size.pair and FINALIST in size.pair:
             return self._judge_pair(size)
@@ -229,15 +242,13 @@ class Judge:
         pair, size.pair = size.pair, {}
         size.ratios.append(pair[FINALIST] / pair[BASELINE])
         size.baselines.append(pair[BASELINE])
-        size.trying.extra_s += pair["seconds"] - pair["steps"] / pair[BASELINE]
-        paired = PairedRatio(tuple(size.ratios), size.floor or 0.0, tuple(size.baselines),
-                             statistics.fmean(size.floor_speeds))  # fmt: skip
+        paired = self._paired(size)
         outcome = UNDECIDED
-        if len(size.ratios) >= MIN_PAIRS:
+        if paired.pairs >= MIN_PAIRS:  # clean pairs: a disturbed one is no evidence
             outcome = decide(paired.low, paired.high, self.settings.delta, paired.bound)
         events = [{"kind": "tune_pair", "world": size.world, "running": size.running,
                    "candidate": size.candidate, "pair": len(size.ratios),
-                   "ratio": size.ratios[-1], "low": paired.low, "high": paired.high}]  # fmt: skip
+                   "ratio": size.ratios[-1], **_interval_of(paired)}]  # fmt: skip
         if outcome != UNDECIDED or len(size.ratios) >= self.settings.max_pairs:
             events.append(self._decide(size, outcome, paired))
         return events
@@ -247,7 +258,7 @@ class Judge:
         cost of tuning); the next window starts the next candidate."""
         decision = {"kind": "tune_decision", "world": size.world, "running": size.running,
                     "candidate": size.candidate, "outcome": outcome, "ratio": paired.ratio,
-                    "low": paired.low, "high": paired.high, "pairs": paired.pairs,
+                    **_interval_of(paired), "pairs": paired.pairs,
                     **size.trying.figures()}  # fmt: skip
         if outcome == KEEP:
             size.running = size.candidate or size.running
@@ -259,27 +270,34 @@ class Judge:
         size.pair, size.settling = {}, False
         return decision
 
-    def _schedule(self, size: Size) -> None:
+    def _paired(self, size: Size) -> PairedRatio:
+        """The pairs of the candidate now raced, as the verdict reads them."""
+        reference = statistics.fmean(size.floor_speeds) if size.floor_speeds else 0.0
+        return PairedRatio(tuple(size.ratios), size.floor or 0.0, tuple(size.baselines), reference)
+
+    def _schedule(self, size: Size) -> list[dict[str, Any]]:
         """The role of the next window: the running split until the floor is measured, then
         the pairs of each candidate in turn (B c, then c B); the end once every candidate is
-        judged or a candidate's next window would overrun the budget."""
+        judged or a candidate's next window would overrun the budget (a decision on the one
+        it cuts short)."""
         if size.warmup or size.floor is None:
             size.now = BASELINE
-            return
+            return []
         if size.candidate is None:
             if not size.candidates:
                 size.outcome = "every candidate judged"
-                return
+                return []
             size.candidate, size.settling = size.candidates.pop(0), True
             size.now = FINALIST  # its first window settles the switch: one-off costs, unfiled
         else:
             first, second = pair_order(len(size.ratios))
             size.now = second if first in size.pair else first
         over = size.spent.steps + size.trying.steps + self.settings.window_steps
-        if size.now == FINALIST and over > self.settings.budget_steps:
-            if size.trying.steps:
-                self._decide(size, BUDGET_SPENT, PairedRatio(tuple(size.ratios)))
-            size.candidate, size.now, size.outcome = None, BASELINE, BUDGET_SPENT
+        if size.now != FINALIST or over <= self.settings.budget_steps:
+            return []
+        cut = [self._decide(size, BUDGET_SPENT, self._paired(size))] if size.trying.steps else []
+        size.candidate, size.now, size.outcome = None, BASELINE, BUDGET_SPENT
+        return cut
 
     def _finish(self, size: Size) -> dict[str, Any]:
         """The size is decided: its entry is written, the run trains on with its split."""
@@ -320,55 +338,21 @@ def _floor(speeds: list[float]) -> float:
 def _skip(world: int, accumulation: int, why: str) -> dict[str, Any]:
     """The answer for a size that is not tuned: its entry's split, said once a start."""
     event = {"kind": "tune_skip", "world": world, "running": accumulation, "why": why}
-    return _answer(accumulation, done=True, events=[event])
+    return _answer(accumulation, accumulation, done=True, events=[event])
 
 
-def _answer(accumulation: int, done: bool = False, events: list | None = None) -> dict[str, Any]:
-    return {"accumulation_steps": accumulation, "done": done, "events": events or []}
+def _answer(accumulation: int, running: int, done: bool = False,
+            events: list | None = None) -> dict[str, Any]:  # fmt: skip
+    """What rank 0 is told: the next window's split, the size's running split (what the run
+    keeps should the judge stop answering), whether tuning is done, and what to log."""
+    return {"accumulation_steps": accumulation, "running": running, "done": done,
+            "events": events or []}  # fmt: skip
 
 
-def write_tuned_sizes(out: Path, entries: dict[int, dict[str, Any]]) -> None:
-    """The run folder's ``tuned_sizes.yaml``: ``sizes:`` and an entry per decided size."""
-    text = yaml.safe_dump({"sizes": entries}, sort_keys=True)
-    write_atomic(out / TUNED_SIZES_YAML, text)
-
-
-def read_tuned_sizes(out: Path, global_batch: int) -> dict[int, dict[str, Any]]:
-    """The entries a run before this ``--resume`` decided, per world size; none where it wrote
-    no file. A file that does not hold what ``write_tuned_sizes`` writes is a ConfigError
-    naming the entry (a hand edit, or another run's file)."""
-    path = out / TUNED_SIZES_YAML
-    if not path.exists():
-        return {}
-    try:
-        sizes = read_mapping(path).get("sizes")
-    except (OSError, ValueError, TypeError, RecursionError, yaml.YAMLError) as e:
-        first = str(e).partition("\n")[0][:200]
-        raise ConfigError(str(path), f"unreadable ({type(e).__name__}: {first}); remove it "
-                          "to tune again") from e  # fmt: skip
-    if not isinstance(sizes, dict):
-        raise ConfigError(f"{path}: sizes", f"expected a mapping of world size to entry, got "
-                          f"{type(sizes).__name__}; remove the file to tune again")  # fmt: skip
-    return {_size_of(path, key, entry, global_batch): entry for key, entry in sizes.items()}
-
-
-def _size_of(path: Path, key: Any, entry: Any, global_batch: int) -> int:
-    """An entry's world size, once the entry is one ``Size.entry`` writes for it."""
-    where = f"{path}: sizes.{str(key)[:40]}"
-    if not isinstance(key, int) or isinstance(key, bool) or not 1 <= key <= global_batch:
-        raise ConfigError(
-            where,
-            f"the key ({type(key).__name__}) is not a world size from 1 "
-            f"to {global_batch}; remove the entry to tune that size again",
-        )
-    tuned = entry.get("tuned") if isinstance(entry, dict) else None
-    value = tuned.get("accumulation_steps") if isinstance(tuned, dict) else None
-    if not (global_batch % key == 0 and isinstance(value, int) and not isinstance(value, bool)
-            and value >= 1 and (global_batch // key) % value == 0):  # fmt: skip
-        raise ConfigError(where, f"{str(entry)[:120]} holds no tuned.accumulation_steps that "
-                          f"splits workload.global_batch={global_batch} over {key} worker(s); "
-                          "remove the entry to tune that size again")  # fmt: skip
-    return key
+def _interval_of(paired: PairedRatio) -> dict[str, float | None]:
+    """The interval's ends for an event; None where the pairs give none (JSON has no inf)."""
+    return {"low": paired.low if math.isfinite(paired.high) else None,
+            "high": paired.high if math.isfinite(paired.high) else None}  # fmt: skip
 
 
 def check_budget(config: Any) -> None:
@@ -389,49 +373,3 @@ def start_judge(settings: TuneSettings, fixed: set[int], prior: dict[int, dict[s
     """The run's judge, an actor on the driver's node (as the snapshot keeper: a lost worker
     node does not take it along), writing ``tuned_sizes.yaml`` into ``out``."""
     return driver_actor(Judge, settings, fixed, prior, out.resolve())
-
-
-def tune_line(event: dict[str, Any]) -> str:
-    """The line a tuning event prints (each pair, each decision, each size's end)."""
-    kind, world = event["kind"], event.get("world")
-    head = f"tune: step {event.get('step')}, {world} worker(s)"
-    if kind == "tune_start":
-        todo = ", ".join(map(str, event["candidates"])) or "none"
-        return f"{head}: accumulation {event['running']} runs; candidates: accumulation {todo}"
-    if kind == "tune_skip":
-        return f"{head}: accumulation {event['running']} decided by {event['why']}: not tuned"
-    if kind == "tune_pair":
-        return (f"{head}: accumulation {event['candidate']} against {event['running']}, pair "
-                f"{event['pair']}: {event['ratio']:.3f}x{_interval(event, ' so far')}")  # fmt: skip
-    if kind == "tune_decision":
-        return (f"{head}: {event['outcome']}: accumulation {event['candidate']} is "
-                f"{event['ratio']:.3f}x accumulation {event['running']} from {event['pairs']} "
-                f"pair(s){_interval(event, '')}; {event['steps']} steps, "
-                f"{event['seconds']:.1f}s")  # fmt: skip
-    if kind == "tune_done":
-        return (f"{head}: decided: accumulation {event['running']} ({event['outcome']}); "
-                f"{_lost_text(event['lost'])}")  # fmt: skip
-    return f"{head}: tuning off: {event.get('why')}"
-
-
-def summary_lines(tune: dict[str, Any] | None) -> list[str]:
-    """The closing lines of a run that tuned (summary.json's ``tune``): each size's split and
-    what its candidates that were not kept cost."""
-    lines = []
-    for world, size in ((tune or {}).get("sizes") or {}).items():
-        lines.append(f"tune: {world} worker(s): accumulation {size['running']} "
-                     f"({size['outcome']}, {len(size['decisions'])} candidate(s) judged); "
-                     f"{_lost_text(size['lost'])}")  # fmt: skip
-    return lines
-
-
-def _interval(event: dict[str, Any], so_far: str) -> str:
-    """`` (interval{so_far} low-high)``, or nothing where the pairs give none (one or none)."""
-    if not math.isfinite(event["high"]):
-        return ""
-    return f" (interval{so_far} {event['low']:.3f}-{event['high']:.3f})"
-
-
-def _lost_text(lost: dict[str, Any]) -> str:
-    return (f"candidates not kept took {lost['steps']} steps, {lost['seconds']:.1f}s "
-            f"({lost['extra_s']:+.1f}s against the running split)")  # fmt: skip

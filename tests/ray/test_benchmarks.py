@@ -23,6 +23,8 @@ QUICK = {
     "gpu_check": (r"NOT the GPU check[\s\S]*\nfp32 ddp acc1 \(baseline again\) +ok +[0-9.e+-]+ "
                   r"[\s\S]*; imports: torch only, no Ray, no Optuna\n"),
     "calibration.step_noise": r"\nthe switch step alone \| [0-9.]+ \| [0-9.]+%\n?",
+    "calibration.tune_aa": (r"decision 3: [a-z ]+ at [0-9.]+x from \d pair\(s\)[\s\S]*"
+                            r"false keeps: \d of 3 decisions \(\d+%\) at δ 2%"),
     "trainer_export": (r"exported / defaults: median [0-9.]+ \(range [0-9.]+-[0-9.]+ over 1 "
                        r"paired runs\)\ncommtune's verdict for the same run: no verdict recorded"),
 }

@@ -18,10 +18,9 @@ from orchestrator.train.tune import (
     TuneSettings,
     candidates_of,
     check_budget,
-    read_tuned_sizes,
-    summary_lines,
-    tune_line,
 )
+from orchestrator.train.tune_files import read_tuned_sizes
+from orchestrator.train.tune_lines import summary_lines, tune_line
 
 SETTINGS = TuneSettings(window_steps=3, budget_steps=300, delta=0.02, max_pairs=8,
                         max_accumulation=8)  # fmt: skip
@@ -232,3 +231,56 @@ def test_the_report_shows_what_tuning_kept_and_cost() -> None:
                          "<b>": None}}  # fmt: skip
     text = section_by_size(RunRecord(summary=Summary(tune=hostile), progress=progress))
     assert "&lt;b&gt;" in text and "<b>" not in text  # shown, escaped, never a crash
+
+
+def test_a_size_with_nothing_to_race_is_not_tuned_and_writes_no_entry(tmp_path: Path) -> None:
+    judge = Judge(SETTINGS, set(), {}, tmp_path)
+    answer = judge.begin(2, 16, 8)  # 16 per rank: 16 would pass max_accumulation 8
+    assert answer["done"] and answer["accumulation_steps"] == 8
+    assert "no candidate" in tune_line({**answer["events"][0], "step": 0})
+    assert not (tmp_path / "tuned_sizes.yaml").exists()
+
+
+def test_a_disturbed_pair_is_no_evidence() -> None:
+    """Three pairs, one whose running-split window ran far below the floor's speed: two clean
+    pairs decide nothing (the search's race counts clean pairs too)."""
+    judge = Judge(SETTINGS, set(), {}, None)
+    judge.begin(2, 16, 1)
+    for _ in range(WARMUP_WINDOWS + FLOOR_WINDOWS):
+        judge.window(2, 3.0, 3)  # 1 step/s
+    judge.window(2, 3.0, 3)  # accumulation 2's settling window
+    seen = []
+    for seconds in (3.0, 3.1, 3.1, 3.0, 5.0, 3.9):  # B c, c B, B (slow: 0.6 step/s) c
+        seen += judge.window(2, seconds, 3)["events"]
+    pairs = [e for e in seen if e["kind"] == "tune_pair"]
+    assert len(pairs) == 3 and not [e for e in seen if e["kind"] == "tune_decision"]
+
+
+def test_a_judge_gone_mid_candidate_leaves_the_run_on_its_running_split() -> None:
+    import dataclasses
+
+    import torch
+
+    from train_fns.online import OnlineTuning
+    from train_fns.plan import TrialPlan
+
+    class Gone(Judge):
+        def window(self, world: int, seconds: float, steps: int) -> dict:
+            if self.sizes[world].now == "finalist":
+                raise TimeoutError("the judge did not answer")
+            return super().window(world, seconds, steps)
+
+    cpu = torch.device("cpu")
+    plan = TrialPlan(model="bert-tiny", task="mlm", seq_len=16, global_batch=16, world_size=1,
+                     accumulation_steps=1, micro_batch=16)  # fmt: skip
+    runner = dataclasses.make_dataclass("R", ["plan", "device"])(plan, cpu)
+    tuning = OnlineTuning(Gone(SETTINGS, set(), {}, None), 1, window_steps=1)
+    tuning.begin(runner, 0, 0)
+    for step in range(WARMUP_WINDOWS + FLOOR_WINDOWS):
+        tuning.start_step(cpu, False)
+        tuning.after_step(runner, step + 1, 0)
+    assert runner.plan.accumulation_steps == 2  # the candidate's settling window is next
+    tuning.start_step(cpu, False)
+    tuning.after_step(runner, 99, 0)
+    assert tuning.done and runner.plan.accumulation_steps == 1
+    assert tuning.take_events()[-1]["kind"] == "tune_off"
