@@ -40,6 +40,7 @@ from orchestrator.runfiles import (
     SUMMARY_JSON,
     Summary,
     read_csv,
+    setting_text,
 )
 from orchestrator.verdict.paired import PairedRatio
 
@@ -83,7 +84,7 @@ def trained(out: Path) -> dict[str, Any]:
     tune = summary.tune or {}
     return {"final_loss": summary.final_loss, "tuned_at": tuned_at,
             "speed": statistics.harmonic_mean(speeds) if speeds else None,
-            "kept": {w: s["running"] for w, s in (tune.get("sizes") or {}).items()},
+            "kept": {w: setting_text(s["running"]) for w, s in (tune.get("sizes") or {}).items()},
             "lost": tune.get("lost")}  # fmt: skip
 
 
@@ -99,7 +100,7 @@ def one_round(k: int, args: argparse.Namespace, work: Path) -> dict[str, dict[st
               f"{got[arm]['speed']:.2f} samples/s, final loss {got[arm]['final_loss']:.4f}",
               flush=True)  # fmt: skip
     c = got["c"]
-    print(f"round {k + 1}: (c) kept accumulation {c['kept']} by step {c['tuned_at']}; candidates "
+    print(f"round {k + 1}: (c) kept {c['kept']} by step {c['tuned_at']}; candidates "
           f"not kept: {c['lost']}", flush=True)  # fmt: skip
     return got
 

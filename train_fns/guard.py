@@ -27,6 +27,30 @@ from torch import Tensor, nn
 from train_fns.gradients import replicas
 from train_fns.ranks import reduce_over_ranks, reduce_tensor
 
+TOLERANCES = {"fp32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
+"""Largest relative difference from the baseline of a warm-up loss or gradient norm, by the
+study's precision (every configuration of a study shares it): the driver's check
+(``orchestrator.search.correctness``, whose docstring says how each was measured), and the
+relative distance of a bucket switch's gradients while tuning online (``train_fns.online``)."""
+TOLERANCE = TOLERANCES["fp32"]
+LOSSY_TOLERANCES = {
+    "ddp.comm_hook=fp16": 1e-2,
+    "ddp.comm_hook=bf16": 1e-2,
+    "fsdp.reduce_dtype=fp16": 1e-2,
+    "fsdp.reduce_dtype=bf16": 1e-2,
+}
+"""Each lossy knob's declared tolerance (``TrialPlan.lossy`` names them): a configuration that
+runs one is judged against the larger of it and its precision's; measured as
+``orchestrator.search.correctness`` says."""
+
+
+def tolerance_for(plan: Any) -> float:
+    """The guard's tolerance for ``plan`` (a ``TrialPlan``): its precision's, or the declared
+    tolerance of a lossy knob it runs when that is larger."""
+    base = TOLERANCES.get(plan.precision, max(TOLERANCES.values()))
+    return max([base, *(LOSSY_TOLERANCES[knob] for knob in plan.lossy())])
+
+
 CORRUPT_SCALE = 0.5
 """The injected perturbation: Gaussian noise of this many times each gradient's RMS."""
 

@@ -14,6 +14,10 @@ from typing import Any
 
 from search_spaces.knobs import BY_NAME, CHOICE, DDP, FSDP, PLAN, Knob, knobs_of, shown
 
+ACCUMULATION, BUCKETS = "accumulation_steps", "bucket_cap_mb"
+"""The knobs tuning while training switches in a live group (``train_fns.online``), named as
+best.yaml's ``tuned`` names them."""
+
 STRATEGIES = BY_NAME["strategy"].values
 PRECISIONS = ("fp32", "bf16", "fp16")
 TASKS = ("mlm", "clm")

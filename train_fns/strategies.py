@@ -90,6 +90,15 @@ def _wrap_ddp(model: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Mod
     return ddp
 
 
+def rebucket(module: nn.Module, plan: TrialPlan, device: torch.device) -> nn.Module:
+    """``module`` (a DDP wrapper's own) wrapped anew with ``plan``'s buckets (tuning while
+    training, ``train_fns.online``): a collective, every rank at the same step, between steps
+    with the gradients freed (a bucket view would outlive its bucket). The old wrapper's
+    reducer removes its gradient hooks when it is freed, which the caller sees to first; the
+    parameters are the same tensors, so the optimizer and its state carry on."""
+    return _wrap_ddp(module, plan, device)
+
+
 def fsdp_mesh(plan: TrialPlan, device: torch.device) -> DeviceMesh:
     """The ranks FSDP2 shards over: all of them, or under HSDP (``fsdp.hsdp``) a 2-D mesh that
     replicates across nodes and shards within one. A node's ranks are its local world

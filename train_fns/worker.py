@@ -149,15 +149,20 @@ class JudgeHandle:
         """... or in a quarter of the step deadline, which the wait counts against."""
         self.actor, self.timeout_s = actor, min(self.TIMEOUT_S, step_deadline_s / 4)
 
-    def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.actor.begin.remote(world, per_rank, running), timeout=self.timeout_s)
+    def begin(self, world: int, per_rank: int, running: dict[str, float],
+              split_fixed: bool = False) -> dict[str, Any]:  # fmt: skip
+        return self._call("begin", world, per_rank, running, split_fixed)
 
     def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
+        return self._call("window", world, seconds, steps)
+
+    def checked(self, world: int, gap: float) -> dict[str, Any]:
+        return self._call("checked", world, gap)
+
+    def _call(self, method: str, *args: Any) -> dict[str, Any]:
         import ray
 
-        return ray.get(self.actor.window.remote(world, seconds, steps), timeout=self.timeout_s)
+        return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
 
 
 def probe_loop_per_worker(config: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from orchestrator.config.schema import Config, load_config
 from orchestrator.planning.from_config import resolve_task
 from orchestrator.train.run import run_spec
 from orchestrator.train.tune import FLOOR_WINDOWS, WARMUP_WINDOWS, Judge, TuneSettings
+from orchestrator.train.tune_knobs import ACCUMULATION, Candidate, Setting
 from orchestrator.verdict.decide import KEEP
 from train_fns.restart import RunSpec
 from train_fns.trainer import ElasticTrainer
@@ -47,8 +48,8 @@ class TwinJudge(Judge):
         super().__init__(settings, set(), {}, None)
         self.twins = twins
 
-    def candidates(self, per_rank: int, running: int) -> list[int]:
-        return [running] * self.twins
+    def candidates(self, per_rank: int, running: Setting, split_fixed: bool) -> list[Candidate]:
+        return [(ACCUMULATION, running[ACCUMULATION])] * self.twins
 
 
 class Decided(Exception):

@@ -6,10 +6,19 @@ figure is marked, as the run log and the doctor flag it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from matplotlib import colormaps
 
 from orchestrator.report.html import figure, fmt, html_table, missing, png
-from orchestrator.runfiles import BELOW_SEARCHED, PROGRESS_CSV, RunRecord, below_searched, num
+from orchestrator.runfiles import (
+    BELOW_SEARCHED,
+    PROGRESS_CSV,
+    RunRecord,
+    below_searched,
+    num,
+    setting_text,
+)
 
 
 def section_by_size(record: RunRecord) -> str:
@@ -63,7 +72,7 @@ def _table(record: RunRecord) -> str:
 
 
 def _tune_table(record: RunRecord) -> str:
-    """``--tune``'s account per world size (``summary.json``'s ``tune``): the split kept, each
+    """``--tune``'s account per world size (``summary.json``'s ``tune``): the setting kept, each
     candidate's decision with its ratio and interval, and what the candidates that were not
     kept cost. A folder from elsewhere may hold anything there: what is not as written is
     shown blank."""
@@ -76,18 +85,28 @@ def _tune_table(record: RunRecord) -> str:
         lost = size.get("lost") if isinstance(size.get("lost"), dict) else {}
         decisions = size.get("decisions") if isinstance(size.get("decisions"), list) else []
         judged = "; ".join(_decision(d) for d in decisions if isinstance(d, dict))
-        rows.append([str(world), fmt(num(size.get("running")), "g"), str(size.get("outcome", "")),
+        rows.append([str(world), _setting(size.get("running")), str(size.get("outcome", "")),
                      judged, fmt(num(lost.get("steps")), "g"), fmt(num(lost.get("seconds")), ".1f"),
                      fmt(num(lost.get("extra_s")), "+.1f")])  # fmt: skip
-    header = ["world size", "accumulation kept", "tuning", "candidates judged",
+    header = ["world size", "setting kept", "tuning", "candidates judged",
               "steps not kept", "their seconds", "against the running split"]  # fmt: skip
     return "<h3>Tuning while training (--tune)</h3>" + html_table(header, rows)
 
 
+def _setting(value: Any) -> str:
+    """A setting as ``setting_text`` writes it; blank where it is not one (a hand edit)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = {"accumulation_steps": value}  # a summary written before buckets were tuned
+    try:
+        return setting_text({k: float(v) for k, v in value.items()})
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return ""
+
+
 def _decision(decision: dict) -> str:
-    """One candidate's decision: ``4: keep 1.081x (1.031-1.133, 5 pairs)``; ``4: interrupted,
-    no pair measured`` where none was."""
-    head = f"{decision.get('candidate')}: {decision.get('outcome')}"
+    """One candidate's decision: ``accumulation 4: keep 1.081x (1.031-1.133, 5 pairs)``;
+    ``buckets 10 MB: interrupted, no pair measured`` where none was."""
+    head = f"{_setting(decision.get('candidate'))}: {decision.get('outcome')}"
     if not decision.get("pairs"):
         return f"{head}, no pair measured"
     ratio, low, high = (num(decision.get(k)) for k in ("ratio", "low", "high"))

@@ -54,7 +54,7 @@ from orchestrator.runfiles.info import (
     update_run_info,
 )
 from orchestrator.runfiles.record import BELOW_SEARCHED, RunRecord, below_searched, collect, num
-from orchestrator.runfiles.summary import Summary, write_summary
+from orchestrator.runfiles.summary import Summary, candidates_text, setting_text, write_summary
 
 __all__ = [
     "BEST_ENV",
@@ -104,4 +104,6 @@ __all__ = [
     "write_atomic",
     "write_csv",
     "write_summary",
+    "candidates_text",
+    "setting_text",
 ]

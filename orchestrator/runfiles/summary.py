@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,26 @@ def write_summary(out: Path, summary: Summary) -> None:
     """summary.json in ``out``, written whole (a resumed run rewrites it: a reader such as the
     doctor, run while the run goes on, never sees half of it)."""
     write_atomic(out / SUMMARY_JSON, json.dumps(summary.as_mapping(), indent=1, default=str))
+
+
+def setting_text(setting: Mapping[str, float]) -> str:
+    """``accumulation 2, buckets 10 MB``: a setting ``--tune`` switches (its
+    ``train_fns.online`` knobs), or a candidate's one knob, as summary.json's ``tune`` and the
+    run's lines name it."""
+    parts = []
+    if "accumulation_steps" in setting:
+        parts.append(f"accumulation {int(setting['accumulation_steps'])}")
+    if "bucket_cap_mb" in setting:
+        parts.append(f"buckets {setting['bucket_cap_mb']:g} MB")
+    return ", ".join(parts)
+
+
+def candidates_text(candidates: list[Mapping[str, float]]) -> str:
+    """``accumulation 2, 4; buckets 50, 10 MB``: each knob's values in the order tried."""
+    values: dict[str, list[str]] = {}
+    for candidate in candidates:
+        for knob, value in candidate.items():
+            values.setdefault(knob, []).append(f"{value:g}")
+    names = {"accumulation_steps": ("accumulation ", ""), "bucket_cap_mb": ("buckets ", " MB")}
+    return "; ".join(f"{names[k][0]}{', '.join(v)}{names[k][1]}" for k, v in values.items()
+                     if k in names)  # fmt: skip

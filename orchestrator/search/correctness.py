@@ -23,14 +23,14 @@ exact knob, while a doubled learning rate doubles them (the same test; the figur
 record named guard-update in benchmarks/results/).
 
 Lossy knobs (opt-in, ``search.lossy``) round the gradients themselves, so each declares its own
-tolerance (``LOSSY_TOLERANCES``), measured by the same test: the fp16 compression hook moved the
-fp32 study's gradient norms by 2.1e-5 and its losses by 7.6e-8 (acc 1 and 2); a bf16
-reduce-scatter under bf16 moved them by 6.6e-4 and 1.8e-5 against the bf16 baseline (where
-bf16's exact FSDP runs reach 6.0e-4: at bf16 the low reduce hides in the compute's rounding).
-torch registers the bf16 hook on CUDA/NCCL only; it rounds reduced gradients to bf16 like the
-bf16 reduce-scatter, and its rounding unit is 8 x fp16's (about 1.7e-4 by the fp16 figure). Each
-gets 1e-2: 15 x or more above its effect, and still 5 x (FSDP) to 13 x (DDP) below the injected
-fault, which the test checks is caught at every tolerance here.
+tolerance (``train_fns.guard.LOSSY_TOLERANCES``, beside the precisions' ``TOLERANCES``), measured
+by the same test: the fp16 compression hook moved the fp32 study's gradient norms by 2.1e-5 and its
+losses by 7.6e-8 (acc 1 and 2); a bf16 reduce-scatter under bf16 moved them by 6.6e-4 and 1.8e-5
+against the bf16 baseline (where bf16's exact FSDP runs reach 6.0e-4: at bf16 the low reduce hides
+in the compute's rounding). torch registers the bf16 hook on CUDA/NCCL only; it rounds reduced
+gradients to bf16 like the bf16 reduce-scatter, and its rounding unit is 8 x fp16's (about 1.7e-4
+by the fp16 figure). Each gets 1e-2: 15 x or more above its effect, and still 5 x (FSDP) to 13 x
+(DDP) below the injected fault, which the test checks is caught at every tolerance here.
 """
 
 from __future__ import annotations
@@ -39,18 +39,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-TOLERANCES = {"fp32": 1e-3, "bf16": 1e-2, "fp16": 1e-2}
-"""Largest relative difference from the baseline of a warm-up loss or gradient norm, by the
-study's precision (every configuration of a study shares it)."""
-TOLERANCE = TOLERANCES["fp32"]
-LOSSY_TOLERANCES = {
-    "ddp.comm_hook=fp16": 1e-2,
-    "ddp.comm_hook=bf16": 1e-2,
-    "fsdp.reduce_dtype=fp16": 1e-2,
-    "fsdp.reduce_dtype=bf16": 1e-2,
-}
-"""Each lossy knob's declared tolerance (``TrialPlan.lossy`` names them): a configuration that
-runs one is judged against the larger of it and its precision's; see the module docstring."""
+from train_fns.guard import TOLERANCE, tolerance_for
 
 
 def relative_gap(a: float, b: float) -> float:
@@ -148,13 +137,6 @@ def _update_figures(
         for side in ("high", "low"):
             yield from _per_shard(count, b_shards[count][side], g_shards[count][side],
                                   f"update ({side}est rank)")  # fmt: skip
-
-
-def tolerance_for(plan: Any) -> float:
-    """The guard's tolerance for ``plan`` (a ``TrialPlan``): its precision's, or the declared
-    tolerance of a lossy knob it runs when that is larger."""
-    base = TOLERANCES.get(plan.precision, max(TOLERANCES.values()))
-    return max([base, *(LOSSY_TOLERANCES[knob] for knob in plan.lossy())])
 
 
 def guard_check(

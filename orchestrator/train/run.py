@@ -32,6 +32,8 @@ from orchestrator.train.runlog import RunLog, RunRelay
 from orchestrator.train.snapshots import start_keeper
 from orchestrator.train.tune import TuneSettings, start_judge
 from orchestrator.train.tune_files import read_tuned_sizes
+from orchestrator.train.tune_knobs import space_bucket_choices
+from train_fns.guard import tolerance_for
 from train_fns.plan import InfeasiblePlan, TrialPlan
 from train_fns.restart import RunSpec
 from train_fns.size_fit import Fitted, plan_of
@@ -215,8 +217,11 @@ def _check_plan(template: TrialPlan, entry: Fitted, world: int) -> None:
         raise ConfigError(where, f"at {world} workers: {e}") from e
 
 
-def start_judge_for(config: Config, out: Path) -> Any:
-    """The run's tuning judge: its settings from ``config``; the sizes its own entries decide
+def start_judge_for(config: Config, out: Path, template: TrialPlan,
+                    buckets: tuple[float, ...]) -> Any:  # fmt: skip
+    """The run's tuning judge: its settings from ``config``, the bucket sizes its spaces offer
+    (``buckets``) and the guard's tolerance for the run's plan ``template``; the sizes its own
+    entries decide
     (best.yaml's: a search's tuned top level, its ``sizes``) are not tuned, nor are the ones
     a run before this ``--resume`` decided (``tuned_sizes.yaml``)."""
     train, search = config.train, config.search
@@ -224,6 +229,7 @@ def start_judge_for(config: Config, out: Path) -> Any:
         window_steps=train.tune_window, budget_steps=int(train.tune_budget * train.steps),
         delta=search.verdict_delta, max_pairs=search.verdict_pairs,
         max_accumulation=train.max_accumulation,
+        bucket_choices=buckets, tolerance=tolerance_for(template),
     )  # fmt: skip
     fixed = {int(size) for size in config.sizes}
     if config.tuned:
@@ -260,6 +266,8 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
     import ray
 
     low, high = worker_counts(config)
+    online = config.train.tune == "online"
+    buckets = space_bucket_choices(config.search.spaces) if online else ()  # before Ray
     quiet_libraries(verbose)
     start_ray_for(config, verbose)
     try:
@@ -268,14 +276,15 @@ def run(config: Config, out: Path, verbose: bool) -> tuple[dict[str, Any], RunLo
             config.cluster, num_workers=low)), use_gpu, placed=False)  # fmt: skip
         check_runnable(config, use_gpu)  # use_gpu: auto is known only now
         spec, env = run_spec(config, resolve_task(config), use_gpu, out)
-        check_sizes_fit(config, use_gpu, TrialPlan.from_dict(spec.plan))
+        template = TrialPlan.from_dict(spec.plan)
+        check_sizes_fit(config, use_gpu, template)
         reports = driver_queue()
         train = config.train
         log = RunLog(out, train.steps, train.log_every, progress_file(out),
                      alive_nodes=alive_nodes, snapshot_max_mb=train.snapshot_max_mb)  # fmt: skip
         started = time.monotonic()
         keeper = start_keeper() if spec.snapshot_every else None
-        judge = start_judge_for(config, out) if spec.tune_window else None
+        judge = start_judge_for(config, out, template, buckets) if spec.tune_window else None
         trainer = torch_trainer(
             group_spec(config, spec, env, use_gpu, out, RunRelay(reports), keeper, judge)
         )

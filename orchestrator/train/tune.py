@@ -1,9 +1,11 @@
-"""Tune while training (``orchestrator.train --tune``): the judge that races accumulation splits
-against the running one in paired windows of real training steps.
+"""Tune while training (``orchestrator.train --tune``): the judge that races candidate settings
+(an accumulation split, a DDP bucket size: ``tune_knobs``) against the running one in paired
+windows of real training steps.
 
 Every window is training: the run's one model advances with the same samples in the same order
-whatever split runs it (a re-split keeps the global batch, ``train_fns.online``), so a window
-spent on a candidate costs only the difference in speed, not the step. The judge lives on the
+whatever setting runs it (a re-split keeps the global batch, a re-bucketing the gradients,
+``train_fns.online``), so a window spent on a candidate costs only the difference in speed,
+not the step. The judge lives on the
 driver (an actor, ``start_judge``), one per run, and keeps each world size's state across the
 worker group's restarts; rank 0 asks it after every window what the next one runs.
 
@@ -14,17 +16,25 @@ Per world size that has no decided entry it goes through:
 2. ``FLOOR_WINDOWS`` of it measured, whose spread is the noise floor of the pairs to come
    (``verdict.paired.noise_floor``: the race's own floor, where the search measured it);
 3. each candidate in turn: one settling window (the switch's one-off costs, counted as spent,
-   not filed), then windows paired with the running split's, B c, c B, ..., judged after every
-   pair by the verdict's one rule (``verdict.decide``) against δ: kept (it becomes the running
-   split), or dropped (no gain, slower, undecided at ``max_pairs`` pairs, or cut short by the
-   group's end or by the budget);
-4. done: the size's kept split is its entry (``entries``), and no window is asked for again.
+   not filed), then windows paired with the running setting's, B c, c B, ..., judged after
+   every pair by the verdict's one rule (``verdict.decide``) against δ: kept (it becomes the
+   running setting), or dropped (no gain, slower, undecided at ``max_pairs`` pairs, cut short by
+   the group's end or by the budget, or refused by the guard);
+4. done: the size's kept setting is its entry (``entries``), and no window is asked for again.
 
-Candidates are the accumulation values the space offers (divisors of the per-rank batch) with
-more micro-batches than the running split's, up to ``train.max_accumulation``: a micro-batch
-larger than the one the run started with is never tried, as it might not fit in memory. Only
-what a live process can switch is tuned: NCCL variables are read once per process, so they are
-not (a restart the run has anyway could try them; it does not yet).
+Candidates change one knob of the running setting, accumulation first, then buckets:
+
+- the accumulation values the space offers (divisors of the per-rank batch) with more
+  micro-batches than the running split's, up to ``train.max_accumulation``, nearest first: a
+  micro-batch larger than the one the run started with is never tried, as it might not fit in
+  memory; none where DDP's ``static_graph`` is on (torch breaks it with accumulation);
+- under DDP on more than one worker, the bucket sizes the run's spaces offer
+  (``search.spaces``' ``bucket_cap_mb``), nearest the running one first.
+
+A re-split runs the same samples through the same model: nothing for a guard to catch. A new
+bucket size is a new DDP wrapper: the judge refuses one whose first step's gradients are not
+the running setting's (``checked``). NCCL variables are read once per process: not switched
+live (a restart the run has anyway could try them; it does not yet).
 """
 
 from __future__ import annotations
@@ -36,10 +46,20 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.schema import ConfigError
-from orchestrator.runfiles import TUNED_SIZES_YAML
+from orchestrator.runfiles import TUNED_SIZES_YAML, setting_text
 from orchestrator.runfiles.remeasure import BASELINE, FINALIST
 from orchestrator.train.snapshots import driver_actor
 from orchestrator.train.tune_files import write_tuned_sizes
+from orchestrator.train.tune_knobs import (
+    ACCUMULATION,
+    BUCKETS,
+    Candidate,
+    Setting,
+    bucket_candidates,
+    candidates_of,
+    tuned_entry,
+    with_candidate,
+)
 from orchestrator.verdict.decide import KEEP, UNDECIDED, decide
 from orchestrator.verdict.paired import MIN_PAIRS, PairedRatio, noise_floor, pair_order
 
@@ -51,6 +71,9 @@ more would cost nothing but time before the first candidate."""
 BUDGET_SPENT = "budget spent"
 """A size's outcome when ``train.tune_budget`` ran out before every candidate was judged (and the
 decision on a candidate it cut short)."""
+GUARD = "refused by the guard"
+"""The decision on a candidate whose first step's gradients differ from the running setting's
+by more than the guard's tolerance: it never trains a window."""
 INTERRUPTED = "interrupted"
 """The decision on a candidate whose worker group ended while it raced: it is not raced again
 (a candidate that makes the group fail must not use up its restarts)."""
@@ -70,6 +93,10 @@ class TuneSettings:
     """Pairs a candidate gets before it is dropped undecided (``search.verdict_pairs``)."""
     max_accumulation: int
     """The most micro-batches per step a candidate may have (``train.max_accumulation``)."""
+    bucket_choices: tuple[float, ...] = ()
+    """The DDP bucket sizes (MB) a size may try (the spaces'; none: buckets are not tuned)."""
+    tolerance: float = 1e-3
+    """The guard's relative tolerance on a switch's gradients (``correctness.tolerance_for``)."""
 
 
 @dataclass
@@ -96,13 +123,15 @@ class Size:
     """One world size's tuning: where it stands, what it measured, what it kept."""
 
     world: int
-    running: int
-    """The accumulation the run trains with now at this size."""
-    candidates: list[int]
+    running: Setting
+    """The setting the run trains with now at this size."""
+    candidates: list[Candidate]
+    start: Setting = field(default_factory=dict)
+    """The setting the size started from (its entry leaves out the knobs still at it)."""
     warmup: int = WARMUP_WINDOWS
     floor_speeds: list[float] = field(default_factory=list)
     floor: float | None = None
-    candidate: int | None = None
+    candidate: Candidate | None = None
     ratios: list[float] = field(default_factory=list)
     baselines: list[float] = field(default_factory=list)
     pair: dict[str, float] = field(default_factory=dict)
@@ -111,6 +140,8 @@ class Size:
     """The role of the window running now (``BASELINE``: the running split)."""
     settling: bool = False
     """The window running now is a new candidate's first, not filed (``_record``)."""
+    passed: bool = False
+    """The guard passed the candidate now raced (``Judge.checked``)."""
     spent: Spent = field(default_factory=Spent)
     """Every candidate's windows at this size (the budget counts them)."""
     trying: Spent = field(default_factory=Spent)
@@ -121,27 +152,26 @@ class Size:
     outcome: str | None = None
     """None while tuning; then why it ended (every candidate judged, or the budget spent)."""
 
-    def accumulation(self) -> int:
+    def setting(self) -> Setting:
         """What the window running now trains with."""
-        return self.candidate if self.now == FINALIST and self.candidate else self.running
+        trying = self.now == FINALIST and self.candidate is not None
+        return with_candidate(self.running, self.candidate if trying else None)
+
+    def checks(self) -> bool:
+        """The window about to run is a new bucket size's first: the guard checks it first."""
+        return bool(self.settling and self.candidate and self.candidate[0] != ACCUMULATION
+                    and not self.passed)  # fmt: skip
 
     def entry(self) -> dict[str, Any]:
-        """This size's decided split in best.yaml's ``sizes`` format; its verdict says how it
+        """This size's decided setting in best.yaml's ``sizes`` format; its verdict says how it
         ended (every candidate judged, or the budget spent before)."""
         kept = [d for d in self.decisions if d["outcome"] == KEEP]
-        verdict = f"online: no candidate beat accumulation {self.running}"
+        verdict = f"online: no candidate beat {setting_text(self.running)}"
         if kept:
-            verdict = (f"online: accumulation {self.running} kept at {kept[-1]['ratio']:.2f}x "
-                       f"accumulation {kept[-1]['running']}")  # fmt: skip
+            verdict = (f"online: {setting_text(kept[-1]['candidate'])} kept at "
+                       f"{kept[-1]['ratio']:.2f}x {setting_text(kept[-1]['running'])}")  # fmt: skip
         verdict += f" ({self.outcome}; {len(self.decisions)} candidate(s) judged)"
-        return {"tuned": {"accumulation_steps": self.running}, "env": {}, "verdict": verdict}
-
-
-def candidates_of(per_rank: int, running: int, max_accumulation: int) -> list[int]:
-    """Accumulation values a size may try, nearest first: divisors of the per-rank batch with
-    more micro-batches than ``running`` (so a smaller micro-batch), at most
-    ``max_accumulation``."""
-    return [a for a in range(running + 1, min(per_rank, max_accumulation) + 1) if per_rank % a == 0]
+        return {"tuned": tuned_entry(self.running, self.start), "env": {}, "verdict": verdict}
 
 
 class Judge:
@@ -154,32 +184,37 @@ class Judge:
         ``out``: the run folder each decided size's entry is written to (None: nowhere)."""
         self.settings, self.fixed, self.out = settings, set(fixed), out
         self.prior = dict(prior)
-        self.decided = {w: int(e["tuned"]["accumulation_steps"]) for w, e in prior.items()}
+        self.decided = {w: dict(e["tuned"]) for w, e in prior.items()}
         self.sizes: dict[int, Size] = {}
 
-    def begin(self, world: int, per_rank: int, running: int) -> dict[str, Any]:
-        """A start of the group at ``world`` ranks, each with ``per_rank`` samples a step split
-        ``running`` ways: what its first window trains with. An undecided size starts its
-        tuning over, keeping what it kept and spent before (the pairs of a group that ended are
-        not paired with the new one's)."""
+    def begin(self, world: int, per_rank: int, running: Setting,
+              split_fixed: bool = False) -> dict[str, Any]:  # fmt: skip
+        """A start of the group at ``world`` ranks, each with ``per_rank`` samples a step, on
+        the ``running`` setting (its split, and its bucket size where buckets can switch): what
+        its first window trains with. ``split_fixed``: the split cannot change (DDP's
+        ``static_graph``). An undecided size starts its tuning over, keeping what it kept and
+        spent before (the pairs of a group that ended are not paired with the new one's)."""
         if world in self.fixed:
             return _skip(world, running, "the config's entry")
         kept = self.decided.get(world)
-        if kept is not None and kept >= running and per_rank % kept == 0:
-            return _skip(world, kept, f"{TUNED_SIZES_YAML}'s entry")
+        if kept is not None and _fits(kept, running, per_rank, split_fixed):
+            return _skip(world, {**running, **{k: v for k, v in kept.items() if k in running}},
+                         f"{TUNED_SIZES_YAML}'s entry")  # fmt: skip
         before, events = self.sizes.get(world), []
         if before is not None:
             running = before.running
             if before.candidate is not None:  # raced when its group ended: not raced again
                 events.append(self._decide(before, INTERRUPTED, self._paired(before)))
-        todo = self.candidates(per_rank, running)
+        todo = self.candidates(per_rank, running, split_fixed)
         if before is not None:
-            judged = {d["candidate"] for d in before.decisions}
-            todo = [a for a in todo if a not in judged]
+            judged = {(k, v) for d in before.decisions for k, v in d["candidate"].items()}
+            todo = [c for c in todo if c not in judged]
         if not todo and not (before and before.decisions):  # nothing to race: no entry
             return _skip(world, running, "no candidate: no smaller micro-batch splits the "
-                         "per-rank batch within train.max_accumulation")  # fmt: skip
-        size = Size(world, running, todo)
+                         "per-rank batch within train.max_accumulation, and no bucket size "
+                         "switches (DDP on more than one worker, a space offering "
+                         "bucket_cap_mb)")  # fmt: skip
+        size = Size(world, running, todo, start=before.start if before else dict(running))
         if before is not None:
             size.spent, size.lost, size.decisions = before.spent, before.lost, before.decisions
         self.sizes[world] = size
@@ -188,15 +223,22 @@ class Judge:
             events.append(self._finish(size))
             return _answer(running, running, done=True, events=events)
         events.append({"kind": "tune_start", "world": world, "running": running,
-                       "candidates": todo})  # fmt: skip
+                       "candidates": [dict([c]) for c in todo]})  # fmt: skip
         return _answer(running, running, events=events)
 
-    def candidates(self, per_rank: int, running: int) -> list[int]:
-        """What a size races against ``running``, in order: distinct accumulation values above
-        it (``candidates_of``; a restart leaves out the values judged). The A/A benchmark
+    def candidates(self, per_rank: int, running: Setting, split_fixed: bool) -> list[Candidate]:
+        """What a size races against ``running``, in order: the accumulation values above its
+        split (``candidates_of``), then the bucket sizes the spaces offer where buckets switch
+        (``bucket_candidates``); a restart leaves out the ones judged. The A/A benchmark
         (``benchmarks/calibration/tune_aa.py``) races twins of ``running`` instead, in a run
         without restarts."""
-        return candidates_of(per_rank, running, self.settings.max_accumulation)
+        splits = [] if split_fixed else candidates_of(
+            per_rank, int(running[ACCUMULATION]), self.settings.max_accumulation)  # fmt: skip
+        todo = [(ACCUMULATION, float(a)) for a in splits]
+        if BUCKETS in running:
+            todo += [(BUCKETS, mb) for mb in
+                     bucket_candidates(running[BUCKETS], self.settings.bucket_choices)]  # fmt: skip
+        return todo
 
     def window(self, world: int, seconds: float, steps: int) -> dict[str, Any]:
         """The window just ended at ``world`` ranks took ``seconds`` for ``steps`` steps:
@@ -207,10 +249,30 @@ class Judge:
         events = self._record(size, steps / seconds if seconds > 0 else 0.0, steps, seconds)
         if size.outcome is None:
             events += self._schedule(size)
+        return self._next(size, events)
+
+    def checked(self, world: int, gap: float) -> dict[str, Any]:
+        """The workers switched to the candidate about to settle and found its first step's
+        gradients ``gap`` (relative) from the running setting's: within the guard's tolerance
+        it trains its windows; beyond it (or not finite) it is refused before any window."""
+        size = self.sizes[world]
+        if not size.checks():  # nothing was asked: a stale call changes nothing
+            return _answer(size.setting(), size.running, done=size.outcome is not None)
+        check = {"kind": "tune_check", "world": world, "running": dict(size.running),
+                 "candidate": dict([size.candidate]), "gap": gap if math.isfinite(gap) else None,
+                 "tolerance": self.settings.tolerance}  # fmt: skip
+        if math.isfinite(gap) and gap <= self.settings.tolerance:
+            size.passed = True
+            return self._next(size, [check])
+        decision = self._decide(size, GUARD, self._paired(size))
+        return self._next(size, [check, decision, *self._schedule(size)])
+
+    def _next(self, size: Size, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """The answer after ``events``: the next window's setting, the end written once."""
         if size.outcome is not None:
             events.append(self._finish(size))
-        return _answer(size.accumulation(), size.running, done=size.outcome is not None,
-                       events=events)  # fmt: skip
+        return _answer(size.setting(), size.running, done=size.outcome is not None,
+                       check=size.checks(), events=events)  # fmt: skip
 
     def _record(self, size: Size, speed: float, steps: int, seconds: float) -> list[dict]:
         """Take one window: a warm-up's is dropped, a floor window kept, a candidate's first
@@ -247,7 +309,8 @@ class Judge:
         if paired.pairs >= MIN_PAIRS:  # clean pairs: a disturbed one is no evidence
             outcome = decide(paired.low, paired.high, self.settings.delta, paired.bound)
         events = [{"kind": "tune_pair", "world": size.world, "running": size.running,
-                   "candidate": size.candidate, "pair": len(size.ratios),
+                   "candidate": dict([size.candidate]) if size.candidate else {},
+                   "pair": len(size.ratios),
                    "ratio": size.ratios[-1], **_interval_of(paired)}]  # fmt: skip
         if outcome != UNDECIDED or len(size.ratios) >= self.settings.max_pairs:
             events.append(self._decide(size, outcome, paired))
@@ -256,18 +319,19 @@ class Judge:
     def _decide(self, size: Size, outcome: str, paired: PairedRatio) -> dict[str, Any]:
         """Keep the candidate (it becomes the running split) or drop it (its windows are the
         cost of tuning); the next window starts the next candidate."""
-        decision = {"kind": "tune_decision", "world": size.world, "running": size.running,
-                    "candidate": size.candidate, "outcome": outcome, "ratio": paired.ratio,
+        decision = {"kind": "tune_decision", "world": size.world, "running": dict(size.running),
+                    "candidate": dict([size.candidate]) if size.candidate else {},
+                    "outcome": outcome, "ratio": paired.ratio,
                     **_interval_of(paired), "pairs": paired.pairs,
                     **size.trying.figures()}  # fmt: skip
         if outcome == KEEP:
-            size.running = size.candidate or size.running
+            size.running = with_candidate(size.running, size.candidate)
         else:
             size.lost.add(size.trying)
         size.spent.add(size.trying)
         size.decisions.append(decision)
         size.candidate, size.ratios, size.baselines, size.trying = None, [], [], Spent()
-        size.pair, size.settling = {}, False
+        size.pair, size.settling, size.passed = {}, False, False
         return decision
 
     def _paired(self, size: Size) -> PairedRatio:
@@ -301,7 +365,7 @@ class Judge:
 
     def _finish(self, size: Size) -> dict[str, Any]:
         """The size is decided: its entry is written, the run trains on with its split."""
-        self.decided[size.world] = size.running
+        self.decided[size.world] = dict(size.running)
         self._write()
         return {"kind": "tune_done", "world": size.world, "running": size.running,
                 "outcome": size.outcome, "lost": size.lost.figures()}  # fmt: skip
@@ -335,17 +399,28 @@ def _floor(speeds: list[float]) -> float:
     return noise_floor([cv], len(speeds))
 
 
-def _skip(world: int, accumulation: int, why: str) -> dict[str, Any]:
-    """The answer for a size that is not tuned: its entry's split, said once a start."""
-    event = {"kind": "tune_skip", "world": world, "running": accumulation, "why": why}
-    return _answer(accumulation, accumulation, done=True, events=[event])
+def _fits(kept: Setting, running: Setting, per_rank: int, split_fixed: bool) -> bool:
+    """A decided entry's split runs at this start: it splits the per-rank batch, its
+    micro-batch is no larger than the start's (memory), and it is the start's where the split
+    cannot change."""
+    split, start = int(kept.get(ACCUMULATION, 0)), int(running[ACCUMULATION])
+    if split_fixed:
+        return split == start
+    return split >= start and per_rank % split == 0
 
 
-def _answer(accumulation: int, running: int, done: bool = False,
+def _skip(world: int, setting: Setting, why: str) -> dict[str, Any]:
+    """The answer for a size that is not tuned: its entry's setting, said once a start."""
+    event = {"kind": "tune_skip", "world": world, "running": setting, "why": why}
+    return _answer(setting, setting, done=True, events=[event])
+
+
+def _answer(setting: Setting, running: Setting, done: bool = False, check: bool = False,
             events: list | None = None) -> dict[str, Any]:  # fmt: skip
-    """What rank 0 is told: the next window's split, the size's running split (what the run
-    keeps should the judge stop answering), whether tuning is done, and what to log."""
-    return {"accumulation_steps": accumulation, "running": running, "done": done,
+    """What rank 0 is told: the next window's setting, the size's running setting (what the
+    run keeps should the judge stop answering), whether the guard checks the switch first,
+    whether tuning is done, and what to log."""
+    return {"setting": dict(setting), "running": dict(running), "done": done, "check": check,
             "events": events or []}  # fmt: skip
 
 

@@ -11,6 +11,8 @@ import yaml
 
 from orchestrator.config.schema import ConfigError
 from orchestrator.runfiles import TUNED_SIZES_YAML, read_mapping, write_atomic
+from search_spaces.knobs import BY_NAME
+from train_fns.plan import BUCKETS
 
 
 def write_tuned_sizes(out: Path, entries: dict[int, dict[str, Any]]) -> None:
@@ -54,4 +56,11 @@ def _size_of(path: Path, key: Any, entry: Any, global_batch: int) -> int:
         raise ConfigError(where, f"{str(entry)[:120]} holds no tuned.accumulation_steps that "
                           f"splits workload.global_batch={global_batch} over {key} worker(s); "
                           "remove the entry to tune that size again")  # fmt: skip
+    low, high = BY_NAME[BUCKETS].values
+    buckets = tuned.get(BUCKETS, low)
+    if isinstance(buckets, bool) or not isinstance(buckets, int | float) or not (
+            low <= buckets <= high):  # fmt: skip
+        raise ConfigError(where, f"tuned.{BUCKETS}={buckets!r} is not a bucket size in MB "
+                          f"from {low:g} to {high:g}; remove the entry to tune that size "
+                          "again")  # fmt: skip
     return key

@@ -5,27 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.runfiles import candidates_text
+from orchestrator.runfiles import setting_text as text
+
 
 def tune_line(event: dict[str, Any]) -> str:
     """The line a tuning event prints (each pair, each decision, each size's end)."""
     kind, world = event["kind"], event.get("world")
     head = f"tune: step {event.get('step')}, {world} worker(s)"
     if kind == "tune_start":
-        todo = ", ".join(map(str, event["candidates"])) or "none"
-        return f"{head}: accumulation {event['running']} runs; candidates: accumulation {todo}"
+        todo = candidates_text(event["candidates"]) or "none"
+        return f"{head}: {text(event['running'])} runs; candidates: {todo}"
     if kind == "tune_skip":
-        return f"{head}: accumulation {event['running']} decided by {event['why']}: not tuned"
+        return f"{head}: {text(event['running'])} decided by {event['why']}: not tuned"
     if kind == "tune_pair":
-        return (f"{head}: accumulation {event['candidate']} against {event['running']}, pair "
+        return (f"{head}: {text(event['candidate'])} against {text(event['running'])}, pair "
                 f"{event['pair']}: {event['ratio']:.3f}x{_interval(event, ' so far')}")  # fmt: skip
+    if kind == "tune_check":
+        gap = "not finite" if event["gap"] is None else f"{event['gap']:.1e}"
+        verdict = "within" if event["gap"] is not None and event["gap"] <= event["tolerance"] \
+            else "beyond"  # fmt: skip
+        return (f"{head}: guard: {text(event['candidate'])} gives gradients at {gap} (relative) "
+                f"from {text(event['running'])}'s, {verdict} the tolerance "
+                f"{event['tolerance']:g}")  # fmt: skip
     if kind == "tune_decision":
-        measured = (f"is {event['ratio']:.3f}x accumulation {event['running']} from "
-                    f"{event['pairs']} pair(s){_interval(event, '')}") if event["pairs"] else (
-                    "no pair measured")  # fmt: skip
-        return (f"{head}: {event['outcome']}: accumulation {event['candidate']} {measured}; "
+        return (f"{head}: {event['outcome']}: {text(event['candidate'])} {_measured(event)}; "
                 f"{event['steps']} steps, {event['seconds']:.1f}s")  # fmt: skip
     if kind == "tune_done":
-        return (f"{head}: decided: accumulation {event['running']} ({event['outcome']}); "
+        return (f"{head}: decided: {text(event['running'])} ({event['outcome']}); "
                 f"{_lost_text(event['lost'])}")  # fmt: skip
     return f"{head}: tuning off: {event.get('why')}"
 
@@ -35,10 +42,20 @@ def summary_lines(tune: dict[str, Any] | None) -> list[str]:
     what its candidates that were not kept cost."""
     lines = []
     for world, size in ((tune or {}).get("sizes") or {}).items():
-        lines.append(f"tune: {world} worker(s): accumulation {size['running']} "
+        lines.append(f"tune: {world} worker(s): {text(size['running'])} "
                      f"({size['outcome']}, {len(size['decisions'])} candidate(s) judged); "
                      f"{_lost_text(size['lost'])}")  # fmt: skip
     return lines
+
+
+def _measured(event: dict[str, Any]) -> str:
+    """What a decision rests on: the pairs' ratio (the guard's line is its own)."""
+    if event["outcome"] == "refused by the guard":
+        return "changes the gradients"
+    if not event["pairs"]:
+        return "no pair measured"
+    return (f"is {event['ratio']:.3f}x {text(event['running'])} from {event['pairs']} "
+            f"pair(s){_interval(event, '')}")  # fmt: skip
 
 
 def _interval(event: dict[str, Any], so_far: str) -> str:

@@ -13,12 +13,11 @@ from _spawn import run_distributed
 from _tiny import TINY_BERT, guard_figures, tiny_plan
 
 from orchestrator.search.correctness import (
-    LOSSY_TOLERANCES,
-    TOLERANCES,
     check,
     first_steps,
     guard_check,
 )
+from train_fns.guard import LOSSY_TOLERANCES, TOLERANCES
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
 DROPOUT = {**TINY_BERT, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}

@@ -11,7 +11,8 @@ import pytest
 from _spawn import run_distributed
 from _tiny import guard_figures, tiny_plan
 
-from orchestrator.search.correctness import TOLERANCES, check
+from orchestrator.search.correctness import check
+from train_fns.guard import TOLERANCES
 
 WORLD = 16
 STEPS = {"warmup_steps": 2, "measure_steps": 1, "num_windows": 1, "world_size": WORLD,

@@ -7,13 +7,11 @@ import dataclasses
 import math
 
 from orchestrator.search.correctness import (
-    LOSSY_TOLERANCES,
-    TOLERANCE,
     check,
     guard_check,
     relative_gap,
-    tolerance_for,
 )
+from train_fns.guard import LOSSY_TOLERANCES, TOLERANCE, tolerance_for
 from train_fns.plan import DDPOptions, FSDPOptions, TrialPlan
 
 PLAN = TrialPlan("bert-tiny", "mlm", 16, 8, 2, 1, 4, use_gpu=True)
