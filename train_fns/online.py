@@ -31,6 +31,7 @@ import dataclasses
 import gc
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -87,7 +88,7 @@ class OnlineTuning:
         self.started: float | None = None
         self.untimed = 0
         """Steps no window times yet (``UNTIMED_AFTER_REBUCKET`` after a re-wrap)."""
-        self.beat: Any = lambda: None
+        self.beat: Callable[[], None] = lambda: None
         """The watchdog's heartbeat (``ElasticTrainer.run`` sets it): a check is two passes."""
         self.running: dict[str, float] = {}
         """The size's running setting as the judge last said (empty: not yet): what the run

@@ -96,7 +96,7 @@ class TuneSettings:
     bucket_choices: tuple[float, ...] = ()
     """The DDP bucket sizes (MB) a size may try (the spaces'; none: buckets are not tuned)."""
     tolerance: float = 1e-3
-    """The guard's relative tolerance on a switch's gradients (``correctness.tolerance_for``)."""
+    """The guard's relative tolerance on a switch's gradients (``guard.tolerance_for``)."""
 
 
 @dataclass
