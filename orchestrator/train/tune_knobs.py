@@ -65,7 +65,7 @@ def with_candidate(running: Mapping[str, float], candidate: Candidate | None) ->
 
 def tuned_entry(setting: Mapping[str, float], start: Mapping[str, float]) -> dict[str, Any]:
     """A setting as best.yaml's ``tuned`` holds it: the split (an int), and each other knob
-    tuning moved from the size's ``start`` (one left at it stays as the start had it, torch's
-    default included)."""
+    tuning moved from the size's ``start`` (one left at it is not written: the next start at
+    the size runs it as its config has it)."""
     moved = {k: float(v) for k, v in setting.items() if k != ACCUMULATION and start.get(k) != v}
     return {ACCUMULATION: int(setting[ACCUMULATION]), **dict(sorted(moved.items()))}

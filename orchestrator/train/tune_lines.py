@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.runfiles import candidates_text
 from orchestrator.runfiles import setting_text as text
+from orchestrator.train.tune import GUARD
 
 
 def tune_line(event: dict[str, Any]) -> str:
@@ -50,7 +51,7 @@ def summary_lines(tune: dict[str, Any] | None) -> list[str]:
 
 def _measured(event: dict[str, Any]) -> str:
     """What a decision rests on: the pairs' ratio (the guard's line is its own)."""
-    if event["outcome"] == "refused by the guard":
+    if event["outcome"] == GUARD:
         return "changes the gradients"
     if not event["pairs"]:
         return "no pair measured"
